@@ -1,0 +1,213 @@
+"""Typed run configuration: YAML file + dotted `key=value` overrides -> validated `Config`.
+
+Every section forbids unknown keys, so a typo fails at start-up with one clear line instead of
+being silently ignored four days into a run.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from blockdraft.errors import UserError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TargetConfig(Section):
+    path: str = Field(description="local Hugging Face causal-LM folder (weights + tokenizer)")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+
+
+class DrafterConfig(Section):
+    num_layers: int = Field(5, ge=1, le=64)
+    block_size: int = Field(16, ge=2, le=64)
+    target_layer_ids: list[int] | None = Field(None, description="0-based decoder layers to tap; default rule")
+    num_taps: int = Field(5, ge=1, description="taps used by the default rule when target_layer_ids is unset")
+    mask_token_id: int | None = Field(None, description="defaults to the tokenizer's mask token")
+    intermediate_size: int | None = Field(None, ge=1, description="defaults to the target's")
+    init_from_target: bool = Field(
+        False, description="start layer i from the target's layer L-num_layers+i and norm from its final norm"
+    )
+
+
+class DataConfig(Section):
+    train_files: list[str] = Field(default_factory=list)
+    format: Literal["auto", "messages", "conversations", "text"] = "auto"
+    max_len: int = Field(3072, ge=8)
+    overlong: Literal["truncate", "drop"] = "truncate"
+    thinking: bool = False
+    buckets: list[int] | Literal["auto"] = "auto"
+    tokens_per_batch: int = Field(12288, ge=1, description="padded tokens per micro-batch")
+    max_same_bucket_run: int = Field(3, ge=1)
+    interleave: bool = True
+    prefetch_depth: int = Field(4, ge=1)
+    cache_dir: str | None = None
+    num_workers: int = Field(0, ge=0, description="tokenizer processes; 0 means one per core")
+
+
+class LossConfig(Section):
+    weighting: Literal["exp_decay", "streak", "uniform"] = "exp_decay"
+    gamma: float | None = Field(None, gt=0, description="exp_decay scale; default 7 for B=16, 4 for B=8")
+    streak_floor: float = Field(0.05, ge=0, le=1)
+    labels: Literal["data", "target"] = "data"
+    kl_weight: float = Field(0.0, ge=0)
+    kl_temperature: float = Field(1.0, gt=0)
+    logits_chunk: int = Field(4096, ge=64, description="rows of [rows x vocab] logits computed at once")
+
+
+class NoiseConfig(Section):
+    std: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    final_std: float = Field(0.0, ge=0)
+
+
+class OptimConfig(Section):
+    lr: float = Field(6e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_ratio: float = Field(0.04, ge=0, lt=1)
+    warmup_steps: int | None = Field(None, ge=0, description="overrides warmup_ratio when set")
+    schedule: Literal["cosine", "constant", "linear"] = "cosine"
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    grad_clip: float = Field(1.0, gt=0)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError("each beta must be in [0, 1)")
+        return v
+
+
+class TrainConfig(Section):
+    out_dir: str = "runs/run"
+    epochs: float = Field(6, gt=0)
+    max_steps: int | None = Field(None, ge=1, description="stop after this many updates (overrides epochs)")
+    max_minutes: float | None = Field(None, gt=0, description="stop (and save) after this wall time")
+    grad_accum: int = Field(1, ge=1)
+    num_anchors: int = Field(512, ge=1, description="blocks per sequence, at most")
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["bf16", "fp32"] = "bf16"
+    compile: bool = False
+    save_every: int = Field(1000, ge=1)
+    keep_last: int = Field(3, ge=1)
+    eval_every: int | None = Field(None, ge=1)
+    trackers: list[Literal["wandb", "tensorboard"]] = Field(default_factory=list)
+
+
+class EvalConfig(Section):
+    prompts: list[str] = Field(default_factory=list, description="held-out prompt files")
+    max_prompts: int = Field(16, ge=1)
+    max_new_tokens: int = Field(128, ge=1)
+    prompt_tokens: int = Field(256, ge=1, description="prompt length cap for raw-text prompts")
+
+
+class Config(Section):
+    target: TargetConfig
+    drafter: DrafterConfig = DrafterConfig()
+    data: DataConfig = DataConfig()
+    loss: LossConfig = LossConfig()
+    noise: NoiseConfig = NoiseConfig()
+    optim: OptimConfig = OptimConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _taps_unique(self) -> Config:
+        ids = self.drafter.target_layer_ids
+        if ids is not None and (len(set(ids)) != len(ids) or any(i < 0 for i in ids)):
+            raise ValueError("drafter.target_layer_ids must be distinct non-negative layer indices")
+        return self
+
+
+def default_gamma(block_size: int) -> float:
+    """The published decay scale: 7 for B=16, 4 for B=8, interpolated linearly in between/beyond."""
+    return max(1.0, 4.0 + (block_size - 8) * 3.0 / 8.0)
+
+
+def default_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
+    """Taps spread evenly from layer 1 to layer L-3; one tap uses L//2 (DFLASH.md)."""
+    if num_taps == 1:
+        return [num_target_layers // 2]
+    lo, hi = 1, max(1, num_target_layers - 3)
+    if num_taps > hi - lo + 1:
+        raise UserError(
+            f"drafter.num_taps={num_taps} is more than the {hi - lo + 1} layers between 1 and L-3 of a "
+            f"{num_target_layers}-layer target; lower it or set drafter.target_layer_ids"
+        )
+    return [lo + round(i * (hi - lo) / (num_taps - 1)) for i in range(num_taps)]
+
+
+def _parse_value(text: str) -> Any:
+    """Override values are YAML scalars/lists: `lr=3e-4`, `betas=[0.9,0.95]`, `compile=true`."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UserError(f"cannot parse override value {text!r}: {exc.problem}") from None
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"override {item!r} is not of the form section.key=value")
+        node = raw
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise UserError(f"override {key!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = _parse_value(value)
+    return raw
+
+
+def _format_validation_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "config"
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    if err["type"] == "extra_forbidden":
+        return f"config: unknown key {where!r}{more}"
+    return f"config: {where}: {err['msg']}{more}"
+
+
+def build_config(raw: dict[str, Any], overrides: list[str] | None = None) -> Config:
+    raw = apply_overrides(raw, list(overrides or []))
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise UserError(_format_validation_error(exc)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config; relative paths inside it stay relative to the current directory."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: the top level must be a mapping of sections")
+    return build_config(raw, overrides)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def total_warmup_steps(optim: OptimConfig, total_steps: int) -> int:
+    if optim.warmup_steps is not None:
+        return optim.warmup_steps
+    return math.ceil(optim.warmup_ratio * total_steps)

@@ -1,0 +1,300 @@
+"""`blockdraft regenerate`: the target rewrites every assistant turn, given the conversation so far.
+
+DFlash drafters learn to predict the target's own continuations, so training data should come from
+the target (on-policy). Each assistant turn is regenerated in order, so later turns see earlier
+regenerated ones; a chat that ends with a user turn (a prompt-only record, or a `text` record taken
+as a prompt) gets a new final answer. Output goes to `OUT/shard-NNNNN.jsonl` (messages format),
+each shard written to a temporary name and renamed when complete, so a rerun skips finished shards.
+`OUT/manifest.json` pins the inputs and settings: a rerun with other settings is refused instead of
+mixing two kinds of data in one folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from blockdraft.errors import UserError
+
+MANIFEST = "manifest.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, metavar="DIR", help="target model folder")
+    parser.add_argument("--in", dest="inputs", required=True, nargs="+", metavar="FILE", help="input chats")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output folder (shards + manifest)")
+    parser.add_argument("--max-new-tokens", type=int, default=2048, metavar="N")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument(
+        "--thinking",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="render prompts with thinking on (enable_thinking)",
+    )
+    parser.add_argument("--batch-size", type=int, default=16, metavar="N")
+    parser.add_argument("--shard-size", type=int, default=1000, metavar="N", help="conversations per shard")
+    parser.add_argument("--format", choices=["auto", "messages", "conversations", "text"], default="auto")
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _turns_to_write(messages: list[dict[str, str]]) -> list[int]:
+    """Indices the target writes: every assistant turn, plus a new one after a final user turn."""
+    spots = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if messages and messages[-1]["role"] == "user":
+        spots.append(len(messages))
+    return spots
+
+
+class HFEngine:
+    """Batched `generate` with left padding, on CPU or GPU."""
+
+    def __init__(self, target: str, tokenizer: Any, device: str, seed: int):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            raise UserError("--device cuda was asked for, but no CUDA device is available")
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot load the target model from {target}: {str(exc).splitlines()[0]}") from None
+        self.device = device
+        self.tokenizer = tokenizer
+        self.seed = seed
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        eos = self.model.generation_config.eos_token_id
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+            eos.append(tokenizer.eos_token_id)
+        self.eos = eos
+
+    def reseed(self, seed: int) -> None:
+        self.torch.manual_seed(seed)
+
+    def generate(
+        self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float
+    ) -> list[tuple[str, bool]]:
+        from transformers import GenerationConfig
+
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        sampling = (
+            {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {"do_sample": False}
+        )
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=self.eos or None,
+            **sampling,
+        )
+        with self.torch.inference_mode():
+            out = self.model.generate(**enc, generation_config=config)
+        new = out[:, enc["input_ids"].shape[1] :].tolist()
+        results = []
+        for ids in new:
+            stop = next((k for k, t in enumerate(ids) if t in self.eos), None)
+            finished = stop is not None
+            text = self.tokenizer.decode(ids[:stop] if finished else ids, skip_special_tokens=True)
+            results.append((text, finished))
+        return results
+
+
+class VLLMEngine:
+    """vLLM, when installed; prompts go in as token ids so no second BOS is added."""
+
+    def __init__(self, target: str, tokenizer: Any, seed: int):
+        try:
+            from vllm import LLM
+        except ImportError:
+            raise UserError("--engine vllm needs vLLM installed (pip install 'blockdraft[vllm]')") from None
+        self.llm = LLM(model=target, seed=seed)
+        self.tokenizer = tokenizer
+        self.seed = seed
+
+    def reseed(self, seed: int) -> None:
+        self.seed = seed
+
+    def generate(
+        self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float
+    ) -> list[tuple[str, bool]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=self.seed)
+        token_prompts = [
+            {"prompt_token_ids": self.tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts
+        ]
+        outs = self.llm.generate(token_prompts, params, use_tqdm=False)
+        return [(o.outputs[0].text, o.outputs[0].finish_reason == "stop") for o in outs]
+
+
+def regenerate_batch(
+    engine: Any, tokenizer: Any, chats: list[list[dict[str, str]]], args: argparse.Namespace
+) -> list[tuple[list[dict[str, str]], bool]]:
+    """Rewrite the chats turn by turn: round k generates the k-th answer of every chat that has one."""
+    chats = [list(c) for c in chats]
+    spots = [_turns_to_write(c) for c in chats]
+    finished = [True] * len(chats)
+    for k in range(max((len(s) for s in spots), default=0)):
+        todo = [i for i, s in enumerate(spots) if k < len(s)]
+        prompts = [
+            tokenizer.apply_chat_template(
+                chats[i][: spots[i][k]], tokenize=False, add_generation_prompt=True, enable_thinking=args.thinking
+            )
+            for i in todo
+        ]
+        outputs = engine.generate(prompts, args.max_new_tokens, args.temperature, args.top_p)
+        for i, (text, done) in zip(todo, outputs, strict=True):
+            turn = {"role": "assistant", "content": text}
+            if spots[i][k] == len(chats[i]):
+                chats[i].append(turn)
+            else:
+                chats[i][spots[i][k]] = turn
+            finished[i] = finished[i] and done
+    return list(zip(chats, finished, strict=True))
+
+
+def _read_inputs(paths: list[Path], fmt: str, skipped: dict[str, int]) -> Iterator[tuple[str, list]]:
+    from blockdraft.data.reading import BadRecord, Text, iter_records
+
+    for path in paths:
+        for line, record in iter_records(path, fmt, require_assistant=False):
+            if isinstance(record, BadRecord):
+                skipped[record.reason] = skipped.get(record.reason, 0) + 1
+            elif isinstance(record, Text):
+                yield f"{path}:{line}", [{"role": "user", "content": record.text}]
+            else:
+                yield f"{path}:{line}", record.messages
+
+
+def _shards(records: Iterator[tuple[str, list]], size: int) -> Iterator[list[tuple[str, list]]]:
+    shard: list[tuple[str, list]] = []
+    for record in records:
+        shard.append(record)
+        if len(shard) == size:
+            yield shard
+            shard = []
+    if shard:
+        yield shard
+
+
+def _check_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    path = out / MANIFEST
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old != manifest:
+            diff = sorted(k for k in manifest if old.get(k) != manifest[k])
+            raise UserError(
+                f"{out} holds shards made from other inputs or settings ({', '.join(diff)} differ); "
+                "use a new --out folder or the same settings"
+            )
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(manifest, indent=1))
+
+
+def _write_shard(path: Path, rows: list[dict[str, Any]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _progress():
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("regenerating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]:.2f} samples/s"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from blockdraft.data.cache import file_digest
+    from blockdraft.data.reading import check_files
+    from blockdraft.data.tokenize import load_tokenizer
+
+    for name, value in (
+        ("--batch-size", args.batch_size),
+        ("--shard-size", args.shard_size),
+        ("--max-new-tokens", args.max_new_tokens),
+    ):
+        if value < 1:
+            raise UserError(f"{name} must be at least 1")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
+    paths = check_files(args.inputs)
+    out = Path(args.out)
+    tokenizer = load_tokenizer(args.target)
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(f"the tokenizer in {args.target} has no chat template; regeneration needs one")
+    manifest = {
+        "inputs": [{"path": str(p), "digest": file_digest(p)} for p in paths],
+        "target": str(Path(args.target).resolve()),
+        "format": args.format,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "thinking": args.thinking,
+        "shard_size": args.shard_size,
+        "seed": args.seed,
+    }
+    _check_manifest(out, manifest)
+
+    total = sum(1 for _ in _read_inputs(paths, args.format, {}))  # a cheap first pass: exact totals
+    if not total:
+        raise UserError(f"no usable conversations in {', '.join(args.inputs)}")
+    n_shards = -(-total // args.shard_size)
+    todo = {k for k in range(n_shards) if not (out / f"shard-{k:05d}.jsonl").is_file()}
+    remaining = sum(min(args.shard_size, total - k * args.shard_size) for k in todo)
+    skipped: dict[str, int] = {}
+    engine = None
+    written, unfinished = 0, 0
+    with _progress() as bar:
+        task = bar.add_task("regenerating", total=remaining, rate=0.0)
+        start = time.perf_counter()
+        for k, shard in enumerate(_shards(_read_inputs(paths, args.format, skipped), args.shard_size)):
+            if k not in todo:
+                continue
+            if engine is None:
+                engine = (
+                    VLLMEngine(args.target, tokenizer, args.seed)
+                    if args.engine == "vllm"
+                    else HFEngine(args.target, tokenizer, args.device, args.seed)
+                )
+            engine.reseed(args.seed + k)  # a rerun of this shard samples the same way
+            order = sorted(range(len(shard)), key=lambda i: sum(len(m["content"]) for m in shard[i][1]))
+            rows: dict[int, dict[str, Any]] = {}
+            for b in range(0, len(order), args.batch_size):
+                idx = order[b : b + args.batch_size]
+                results = regenerate_batch(engine, tokenizer, [shard[i][1] for i in idx], args)
+                for i, (chat, done) in zip(idx, results, strict=True):
+                    rows[i] = {"messages": chat, "source": shard[i][0], "finished": done}
+                    unfinished += not done
+                written += len(idx)
+                bar.update(task, advance=len(idx), rate=written / max(1e-9, time.perf_counter() - start))
+            _write_shard(out / f"shard-{k:05d}.jsonl", [rows[i] for i in range(len(shard))])
+    print(
+        f"{n_shards} shards in {out}: {len(todo)} written now, {n_shards - len(todo)} already done; "
+        f"{written} conversations regenerated ({unfinished} hit --max-new-tokens); "
+        f"skipped input records: {skipped or 'none'}"
+    )
+    return 0

@@ -1,0 +1,1 @@
+"""`blockdraft doctor`: diagnose a training run from its log.jsonl, offline or live."""

@@ -1,0 +1,65 @@
+"""`blockdraft doctor RUN_DIR_OR_LOG`: diagnose a run from its log.jsonl.
+
+Imports only argparse at module level; numpy, rich and matplotlib load inside `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from blockdraft.errors import UserError
+
+LEVELS = ("info", "warning", "error")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", metavar="RUN_DIR_OR_LOG", help="a run folder (its log.jsonl) or a JSONL log file")
+    parser.add_argument("--json", action="store_true", help="print the findings as a JSON list instead of a table")
+    parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with charts")
+    parser.add_argument("--fail-on", choices=LEVELS, metavar="LEVEL",
+                        help="exit 1 if any finding is at least this severe (info|warning|error)")
+    parser.add_argument("--map", dest="mapping", metavar="OURS=THEIRS,...",
+                        help="read a foreign log: e.g. loss=train/loss,acc=train/acc,step=global_step")
+    parser.add_argument("--follow", action="store_true",
+                        help="keep watching a growing log and print new findings as they appear")
+
+
+def run(args: argparse.Namespace) -> int:
+    from blockdraft.doctor.findings import at_least
+    from blockdraft.doctor.records import parse_mapping
+
+    mapping = parse_mapping(args.mapping)
+    if args.follow:
+        from blockdraft.doctor.follow import follow
+
+        findings = follow(args.path, mapping, as_json=args.json)
+    else:
+        findings = _offline(args, mapping)
+    if args.fail_on and any(at_least(f.severity, args.fail_on) for f in findings):
+        return 1
+    return 0
+
+
+def _offline(args: argparse.Namespace, mapping: dict[str, str]) -> list:
+    import json
+
+    from blockdraft.doctor.console import print_report
+    from blockdraft.doctor.detectors import diagnose
+    from blockdraft.doctor.records import load_run
+
+    run = load_run(args.path, mapping)
+    findings = diagnose(run)
+    if args.json:
+        print(json.dumps([f.to_dict() for f in findings], indent=2))
+    else:
+        print_report(run, findings)
+    if args.html:
+        from blockdraft.doctor.report import write_report
+
+        try:
+            path = write_report(run, findings, args.html)
+        except OSError as exc:
+            raise UserError(f"cannot write {args.html}: {exc.strerror}") from None
+        if not args.json:
+            print(f"report: {path}")
+    return findings

@@ -1,0 +1,355 @@
+"""Detectors on time and plumbing: stalls, gaps, window artifacts, queue, data wait, throughput."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from blockdraft.doctor import stats
+from blockdraft.doctor.context import Context
+from blockdraft.doctor.findings import Finding, plural
+
+UNEXPLAINED_STALL_S = 30.0
+CHECKPOINT_STALL_S = 10.0
+
+
+def _marker_steps(ctx: Context, kind: str) -> np.ndarray:
+    steps = [r.get("step") for r in ctx.run.of_kind(kind)]
+    return np.array(sorted(float(s) for s in steps if isinstance(s, int | float)), dtype=np.float64)
+
+
+def _gaps(ctx: Context) -> dict[str, np.ndarray]:
+    """Per row: records missing before it, and wall time beyond what its steps should have taken."""
+    if "gaps" in ctx.shared:
+        return ctx.shared["gaps"]
+    missing = np.zeros(ctx.n)
+    if ctx.regular_stride:
+        missing = np.nan_to_num(ctx.dstep - ctx.stride, nan=0.0)
+        missing[missing < max(3.0, 2.0 * ctx.stride)] = 0.0
+    excess = np.zeros(ctx.n)
+    sec = ctx.seconds_per_step
+    if math.isfinite(sec) and np.isfinite(ctx.dtime).any():
+        excess = np.nan_to_num(ctx.dtime - ctx.dstep * sec, nan=0.0)
+    ctx.shared["gaps"] = {"missing": missing, "excess": excess}
+    return ctx.shared["gaps"]
+
+
+def _at_gap_start(markers: np.ndarray, prev_step: np.ndarray, stride: float) -> np.ndarray:
+    """For each gap after record `prev_step`, whether scheduled work (a marker step) began right there."""
+    if not len(markers):
+        return np.zeros(len(prev_step), dtype=bool)
+    lo = np.searchsorted(markers, prev_step, side="left")
+    hi = np.searchsorted(markers, prev_step + max(1.0, stride), side="right")
+    return hi > lo
+
+
+def checkpoint_stall(ctx: Context) -> list[Finding]:
+    ckpts = [r for r in ctx.run.of_kind("checkpoint") if isinstance(r.get("step"), int | float)]
+    if not ckpts or ctx.n < 2:
+        return []
+    sec = ctx.seconds_per_step
+    threshold = max(CHECKPOINT_STALL_S, 5.0 * sec) if math.isfinite(sec) else CHECKPOINT_STALL_S
+    gaps = _gaps(ctx)
+    prev = np.concatenate([[-np.inf], ctx.step[:-1]])
+    ck_steps = np.array([float(r["step"]) for r in ckpts])
+    row_after = np.searchsorted(ctx.step, ck_steps, side="right")
+    stalls, missing, logging_only, spans = [], 0, 0, []
+    for rec, s, row in zip(ckpts, ck_steps, row_after, strict=True):
+        stall = rec.get("stall_s")
+        stall = float(stall) if isinstance(stall, int | float) else math.nan
+        at_gap = row < ctx.n and s - max(1.0, ctx.stride) <= prev[row] <= s
+        lost = float(gaps["missing"][row]) if at_gap else 0.0
+        excess = float(gaps["excess"][row]) if at_gap else 0.0
+        held = stall if math.isfinite(stall) else excess
+        if held >= threshold or lost > 0:
+            stalls.append(max(held, 0.0))
+            missing += int(lost)
+            if lost > 0 and held < threshold:
+                logging_only += 1
+            spans.append((int(s), int(ctx.step[row]) if row < ctx.n else int(s)))
+    if not spans:
+        return []
+    total_time = _run_seconds(ctx)
+    worst = max(stalls)
+    held = [f"worst {worst:.0f} s"] if worst > 0 else []
+    if missing:
+        held.append(f"{missing} step records lost")
+    parts = [f"{len(spans)} of {len(ckpts)} checkpoints held things up ({', '.join(held)})"]
+    if logging_only:
+        parts.append(f"in {logging_only} only logging stopped while training went on")
+    return [Finding(
+        code="checkpoint_stall",
+        severity="warning",
+        steps=(spans[0][0], spans[-1][1]),
+        summary="; ".join(parts),
+        evidence={"stalls": len(spans), "checkpoints": len(ckpts), "max_stall_s": worst,
+                  "median_stall_s": float(np.median(stalls)), "total_stall_s": float(np.sum(stalls)),
+                  "share_of_run_time": float(np.sum(stalls)) / total_time if total_time > 0 else math.nan,
+                  "missing_records": missing, "logging_only": logging_only, "threshold_s": threshold},
+        advice=("Stage the state between steps and write it in the background (train.save_every can also "
+                "be raised); never let a save block the logger, or the next metric window will mislead."),
+        weight=float(np.sum(stalls)) + missing,
+        spans=spans,
+    )]
+
+
+def _run_seconds(ctx: Context) -> float:
+    d = ctx.dtime[np.isfinite(ctx.dtime)]
+    return float(d.sum()) if len(d) else math.nan
+
+
+def logging_gap(ctx: Context) -> list[Finding]:
+    """Lost step records and unexplained stalls; pauses on a fixed step period are scheduled work (info)."""
+    if ctx.n < 3:
+        return []
+    gaps = _gaps(ctx)
+    prev = np.concatenate([[np.nan], ctx.step[:-1]])
+    explained = _at_gap_start(_marker_steps(ctx, "checkpoint"), prev, ctx.stride)
+    explained |= _at_gap_start(_marker_steps(ctx, "eval"), prev, ctx.stride)
+    lost = gaps["missing"] > 0
+    stalled = gaps["excess"] >= _stall_threshold(ctx)
+    rows = np.flatnonzero((lost | stalled) & ~explained)
+    if not len(rows):
+        return []
+    pure_stall = rows[~lost[rows]]
+    periodic, period = _periodic(prev[pure_stall], ctx.stride)
+    scheduled = pure_stall[periodic]
+    findings = []
+    rest = np.setdiff1d(rows, scheduled)
+    if len(rest):
+        findings.append(_gap_finding(ctx, rest, gaps, prev, "warning", None))
+    if len(scheduled):
+        findings.append(_gap_finding(ctx, scheduled, gaps, prev, "info", period))
+    return findings
+
+
+def _stall_threshold(ctx: Context) -> float:
+    sec = ctx.seconds_per_step
+    return max(UNEXPLAINED_STALL_S, 10.0 * sec) if math.isfinite(sec) else math.inf
+
+
+def _gap_finding(ctx: Context, rows: np.ndarray, gaps: dict[str, np.ndarray], prev: np.ndarray, severity: str,
+                 period: int | None) -> Finding:
+    lost = gaps["missing"][rows] > 0
+    missing = int(gaps["missing"][rows].sum())
+    stall_rows = rows[gaps["excess"][rows] >= _stall_threshold(ctx)]
+    only_logging = int(np.sum(lost & ~np.isin(rows, stall_rows)))
+    spans = [(int(prev[r]), int(ctx.step[r])) for r in rows]
+    parts = [plural(len(rows), "gap") + " in the log"]
+    if missing:
+        went_on = f" ({plural(only_logging, 'gap')} where training went on and only logging stopped)"
+        parts.append(plural(missing, "step record") + " missing" + (went_on if only_logging else ""))
+    if len(stall_rows):
+        parts.append(f"training stalled {len(stall_rows)}x, worst {gaps['excess'][stall_rows].max():.0f} s")
+    advice = ("Every step must reach the log: write records from the training loop (not a monitor thread) "
+              "and flush each line; for stalls, look at what else ran at that time (eval, saves, data).")
+    if period:
+        parts.append(f"on a {period}-step period, so most likely scheduled evals or saves that wrote no record")
+        advice = "Write an eval/checkpoint record for scheduled work so its pauses are accounted for."
+    return Finding(
+        code="logging_gap",
+        severity=severity,
+        steps=(spans[0][0], spans[-1][1]),
+        summary="; ".join(parts),
+        evidence={"gaps": len(rows), "missing_records": missing, "stalls": len(stall_rows),
+                  "max_stall_s": float(gaps["excess"][stall_rows].max()) if len(stall_rows) else 0.0,
+                  "logging_only": only_logging, "period_steps": period or math.nan},
+        advice=advice,
+        weight=float(missing + len(stall_rows) * 10),
+        spans=spans,
+    )
+
+
+def _periodic(starts: np.ndarray, stride: float) -> tuple[np.ndarray, int | None]:
+    """Gap steps on one lattice k*P + phase: the largest period P >= 100 steps holding >= 3 and >= 75% of them.
+
+    Candidate periods are the spacings between gaps and their integer fractions (evals every 500 steps
+    can be seen only at 1000, 3000 and 4500 when the shorter pauses stay under the stall threshold).
+    """
+    n = len(starts)
+    none = np.zeros(n, dtype=bool)
+    if n < 3:
+        return none, None
+    pairs = np.unique(np.abs(starts[:, None] - starts[None, :])[np.triu_indices(n, k=1)])
+    candidates = np.unique(np.round((pairs[:, None] / np.arange(1, 9)[None, :]).ravel()))
+    candidates = candidates[candidates >= 100][::-1][:400]
+    tol = 2 * stride + 2
+    for p in candidates:
+        resid = np.mod(starts, p)
+        dist = np.abs(resid[:, None] - resid[None, :])
+        on = np.minimum(dist, p - dist) <= tol + 0.02 * p
+        best = int(np.argmax(on.sum(axis=1)))
+        if on[best].sum() >= 3 and on[best].sum() >= 0.75 * n:
+            return on[best], int(p)
+    return none, None
+
+
+def window_artifact(ctx: Context) -> list[Finding]:
+    fit = ctx.loss_fit
+    small = ctx.small_window
+    if fit is None or not small.any():
+        return []
+    loss = ctx.t.get("loss")
+    with np.errstate(invalid="ignore"):
+        y = np.log(np.maximum(loss, 1e-6))
+    z = (y - fit.trend - fit.offset) / fit.sigma
+    rows = np.flatnonzero(small & np.isfinite(z) & ((np.abs(z) >= 6.0) & (np.abs(y - fit.trend - fit.offset) >= 0.4)))
+    if not len(rows):
+        return []
+    worst = rows[np.argmax(np.abs(z[rows]))]
+    window = ctx.dstep[worst]
+    spans = [(ctx.step_at(r - 1), ctx.step_at(r)) for r in rows]
+    after_gap = int(np.sum([(r >= 1) and (ctx.dstep[r - 1] >= 2 * ctx.stride) for r in rows]))
+    return [Finding(
+        code="window_artifact",
+        severity="warning",
+        steps=(spans[0][0], spans[-1][1]),
+        summary=(f"{plural(len(rows), 'logged value')} averaged only {window:.0f} steps "
+                 f"(usual window {ctx.stride:.0f}); "
+                 f"one shows loss {loss[worst]:.3g} vs level {math.exp(fit.trend[worst] + fit.offset[worst]):.3g} "
+                 f"at step {ctx.step_at(worst)}"),
+        evidence={"rows": len(rows), "window_steps": float(window), "usual_window": ctx.stride,
+                  "loss": float(loss[worst]), "level": math.exp(fit.trend[worst] + fit.offset[worst]),
+                  "after_gap": after_gap},
+        advice=("This is the monitor, not the model: a short window after a stalled logger lets one batch "
+                "dominate. Log every step (or weight windows by their step count) before acting on it."),
+        weight=float(np.abs(z[worst])),
+        spans=spans,
+    )]
+
+
+def queue_drain(ctx: Context) -> list[Finding]:
+    q = ctx.t.get("queue_depth")
+    ok = np.isfinite(q)
+    if ok.sum() < 200:
+        return []
+    rows = np.flatnonzero(ok)
+    qv = q[rows]
+    nb = 20
+    edges = np.linspace(0, len(qv), nb + 1).astype(int)
+    means = np.array([qv[a:b].mean() for a, b in zip(edges[:-1], edges[1:], strict=True)])
+    centres = np.array([ctx.step[rows[(a + b - 1) // 2]] for a, b in zip(edges[:-1], edges[1:], strict=True)])
+    cap = ctx.run.setting("data", "prefetch_depth")
+    cap = float(cap) if isinstance(cap, int | float) and cap > 0 else float(np.nanmax(qv))
+    if cap <= 0:
+        return []
+    first, last = means[:4].mean(), means[-4:].mean()
+    rho = stats.spearman(centres, means)
+    if not (rho <= -0.8 and first - last >= 0.2 * cap and last <= 0.85 * first):
+        return []
+    slope = stats.theil_sen(centres, means)
+    steps_left = last / -slope if slope < 0 else math.inf
+    sec = ctx.seconds_per_step
+    total = ctx.run.run_value("total_steps")
+    remaining = (float(total) - ctx.step[-1]) if isinstance(total, int | float) else math.inf
+    soon = steps_left <= max(remaining, 0.5 * (ctx.step[-1] - ctx.step[0]))
+    hours = steps_left * sec / 3600 if math.isfinite(sec) else math.nan
+    when = (f"empty in ~{steps_left:.0f} steps" + (f" (~{hours:.1f} h)" if math.isfinite(hours) else "")
+            if math.isfinite(steps_left) else "")
+    return [Finding(
+        code="queue_drain",
+        severity="warning" if soon else "info",
+        steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
+        summary=f"prefetch queue drains steadily from {first:.1f} to {last:.1f} (of {cap:.0f}); {when}".rstrip("; "),
+        evidence={"depth_start": first, "depth_end": last, "capacity": cap, "slope_per_1k_steps": 1000 * slope,
+                  "steps_to_empty": steps_left, "hours_to_empty": hours, "spearman": rho},
+        advice=("The loader is slower than the trainer: raise data.num_workers or prefetch_depth, cache the "
+                "tokenized data, and check that batch building is not redone each epoch."),
+        weight=(first - last) / cap,
+        spans=[(ctx.step_at(rows[0]), ctx.step_at(rows[-1]))],
+    )]
+
+
+def data_wait(ctx: Context) -> list[Finding]:
+    wait, st = ctx.t.get("data_wait"), ctx.t.get("step_time")
+    ok = np.isfinite(wait) & np.isfinite(st) & (st > 0)
+    if ok.sum() < 50:
+        return []
+    rows = np.flatnonzero(ok)
+    w, s = np.clip(wait[rows], 0, None), st[rows]
+    total_share = float(w.sum() / s.sum())
+    size = max(25, len(rows) // 100)
+    nb = len(rows) // size
+    if nb == 0:
+        return []
+    share = w[: nb * size].reshape(nb, size).sum(1) / s[: nb * size].reshape(nb, size).sum(1)
+    hot = share >= 0.2
+    stretches = [(a, b) for a, b in stats.events(hot, max_gap=1) if (b - a + 1) >= max(2, nb // 20)]
+    if total_share < 0.1 and not stretches:
+        if total_share >= 0.03:
+            return [_data_wait_finding(ctx, "info", total_share, [], rows, size, share)]
+        return []
+    return [_data_wait_finding(ctx, "warning", total_share, stretches, rows, size, share)]
+
+
+def _data_wait_finding(ctx: Context, severity: str, total_share: float, stretches: list[tuple[int, int]],
+                       rows: np.ndarray, size: int, share: np.ndarray) -> Finding:
+    spans = [(ctx.step_at(rows[a * size]), ctx.step_at(rows[min(len(rows) - 1, (b + 1) * size - 1)]))
+             for a, b in stretches]
+    worst = float(share.max())
+    where = f"; above 20% in {len(spans)} stretches, worst {100 * worst:.0f}%" if spans else ""
+    q = ctx.t.get("queue_depth")
+    evidence = {"share_of_step_time": total_share, "worst_window_share": worst, "stretches": len(spans)}
+    if spans and np.isfinite(q).any():
+        inside = np.concatenate([ctx.rows_between(a, b) for a, b in spans])
+        evidence["queue_depth_in_stretches"] = float(np.nanmean(q[inside]))
+    return Finding(
+        code="data_wait",
+        severity=severity,
+        steps=spans[0][0:1] + spans[-1][1:2] if spans else (ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
+        summary=f"the trainer waits for data {100 * total_share:.1f}% of step time{where}",
+        evidence=evidence,
+        advice=("The GPU idles on input: more loader workers, a deeper prefetch queue, a tokenization cache, "
+                "and batch plans built ahead of the epoch boundary."),
+        weight=total_share,
+        spans=spans,
+    )
+
+
+def throughput_drift(ctx: Context) -> list[Finding]:
+    t = ctx.t
+    if t.has("tokens") and t.has("step_time"):
+        compute = t.get("step_time") - np.nan_to_num(t.get("data_wait"), nan=0.0)
+        tp = t.get("tokens") / np.where(compute > 0, compute, np.nan)
+    elif t.has("tok_per_s"):
+        tp = t.get("tok_per_s")
+    elif t.has("step_time"):
+        tp = 1.0 / t.get("step_time")
+    else:
+        tp = ctx.dstep / ctx.dtime
+    with np.errstate(invalid="ignore", divide="ignore"):
+        y = np.log(np.where(tp > 0, tp, np.nan))
+    ok = np.isfinite(y)
+    if ok.sum() < 200:
+        return []
+    groups = ctx.groups
+    for label in np.unique(groups):
+        sel = ok & (groups == label)
+        if sel.sum() >= 10:
+            y[sel] -= np.median(y[sel])
+    rows = np.flatnonzero(ok)
+    rows = rows[int(0.02 * len(rows)):]
+    k = len(rows) // 5
+    if k < 20:
+        return []
+    early, late = float(np.median(y[rows[:k]])), float(np.median(y[rows[-k:]]))
+    ratio = math.exp(late - early)
+    meds, centres = stats.block_medians(y[rows], max(1, len(rows) // 10))
+    rho = stats.spearman(centres, meds)
+    if ratio > 0.85 or rho > -0.7:
+        return []
+    unit = "tok/s" if (t.has("tokens") or t.has("tok_per_s")) else "steps/s"
+    raw = tp[rows]
+    first, last = float(np.nanmedian(raw[:k])), float(np.nanmedian(raw[-k:]))
+    return [Finding(
+        code="throughput_drift",
+        severity="warning",
+        steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
+        summary=f"throughput fell {100 * (1 - ratio):.0f}% over the run ({first:.4g} -> {last:.4g} {unit}, per bucket)",
+        evidence={"ratio_late_to_early": ratio, "early": first, "late": last, "spearman": rho},
+        advice=("Something grows with time: memory fragmentation (watch mem_gb), a leak in the loop, "
+                "thermal throttling, or a neighbour on the machine. Compare a fresh restart's speed."),
+        weight=1.0 - ratio,
+        spans=[(ctx.step_at(rows[0]), ctx.step_at(rows[-1]))],
+    )]

@@ -1,0 +1,352 @@
+"""Detectors on the optimisation itself: non-finite values, skipped steps, spikes, cliffs, plateaus."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from blockdraft.doctor import stats
+from blockdraft.doctor.context import Context
+from blockdraft.doctor.findings import Finding, plural
+
+SPIKE_Z = 8.0
+SPIKE_RATIO = 1.5
+BIG_SPIKE_RATIO = 3.0
+CLIFF_BLOCK = 10
+CLIFF_PRE_BLOCKS = 6
+CLIFF_DROP = math.log(2.0)
+RECOVERED = math.log(1.0 / 0.9)
+DEEP_EXTRA = math.log(1.5)
+
+
+@dataclass
+class Event:
+    first_row: int
+    last_row: int
+    peak_row: int
+    ratio: float
+
+
+def nonfinite(ctx: Context) -> list[Finding]:
+    t = ctx.t
+    fields = [name for name in ("loss", "grad_norm", "acc", "lr", "tau_est", "kl") if name in t.cols]
+    bad = np.zeros(ctx.n, dtype=bool)
+    per_field = {}
+    for name in fields:
+        rows = t.nonfinite(name)
+        if rows.any():
+            per_field[name] = int(rows.sum())
+            bad |= rows
+    if not bad.any():
+        return []
+    rows = np.flatnonzero(bad)
+    skipped = t.get("skipped")[rows] > 0
+    guarded = bool(skipped.all()) and "lr" not in per_field
+    first, last = ctx.step_at(rows[0]), ctx.step_at(rows[-1])
+    fields_text = ", ".join(f"{k} x{v}" for k, v in per_field.items())
+    noun = "steps" if len(rows) > 1 else "step"
+    if guarded:
+        summary = f"{len(rows)} {noun} had non-finite values ({fields_text}); the guard skipped every one"
+        advice = ("The guard worked, but find the cause: look at those batches (skip records list them), "
+                  "lower the LR, or check for an fp16 overflow.")
+    else:
+        summary = (f"{len(rows)} {noun} had non-finite values ({fields_text}) and {int((~skipped).sum())} "
+                   f"{'was' if (~skipped).sum() == 1 else 'were'} applied")
+        advice = ("Weights after the first unguarded step may be corrupt: resume from the last checkpoint "
+                  "before it (run `blockdraft ckpt-scan`), and enable the finite-value guard.")
+    return [Finding(
+        code="nonfinite",
+        severity="warning" if guarded else "error",
+        steps=(first, last),
+        summary=summary,
+        evidence={"rows": len(rows), "unguarded": int((~skipped).sum()),
+                  **{f"{k}_rows": v for k, v in per_field.items()}},
+        advice=advice,
+        weight=float(len(rows)),
+        spans=[(ctx.step_at(r), ctx.step_at(r)) for r in rows[:200]],
+    )]
+
+
+def skipped_steps(ctx: Context) -> list[Finding]:
+    t = ctx.t
+    skipped = t.get("skipped") > 0
+    for name in ("loss", "grad_norm"):
+        if name in t.cols:
+            skipped &= ~t.nonfinite(name)
+    rows = np.flatnonzero(skipped)
+    rollbacks = ctx.run.of_kind("rollback")
+    skip_records = [r for r in ctx.run.of_kind("skip") if not _nonfinite_reason(r.get("reason"))]
+    if not len(rows) and not rollbacks and not skip_records:
+        return []
+    count = max(len(rows), len(skip_records))
+    reasons = Counter(t.skip_reasons.get(int(r), "unknown") for r in rows)
+    for rec in skip_records:
+        if not len(rows):
+            reasons[str(rec.get("reason") or "unknown")] += 1
+    spans = [(ctx.step_at(a), ctx.step_at(b)) for a, b in stats.events(skipped, max_gap=5)]
+    if not spans:
+        steps_list = [int(r.get("step", 0)) for r in skip_records + rollbacks]
+        spans = [(s, s) for s in steps_list]
+    frac = count / max(1, ctx.n)
+    longest = max((b - a + 1 for a, b in spans), default=0)
+    severity = "warning" if (count >= 4 or frac >= 1e-3 or rollbacks) else "info"
+    reason_text = ", ".join(f"{k} x{v}" for k, v in reasons.most_common(3))
+    roll = f", {len(rollbacks)} rollbacks" if rollbacks else ""
+    return [Finding(
+        code="skipped_steps",
+        severity=severity,
+        steps=(min(a for a, _ in spans), max(b for _, b in spans)),
+        summary=f"{count} updates skipped by the guard ({reason_text}){roll}; longest burst spans {longest} steps",
+        evidence={"skipped": count, "fraction": frac, "bursts": len(spans), "rollbacks": len(rollbacks)},
+        advice=("Skips hide bad batches rather than fix them: inspect the skip records' batch ids and buckets; "
+                "a burst means the model or the LR, not one batch, is the problem."),
+        weight=float(count),
+        spans=spans,
+    )]
+
+
+def _nonfinite_reason(reason: object) -> bool:
+    text = str(reason or "").lower()
+    return "nan" in text or "inf" in text or "finite" in text
+
+
+def spike_events(ctx: Context) -> list[Event]:
+    """Rows far above their own bucket's level: robust z >= SPIKE_Z and at least SPIKE_RATIO x."""
+    if "spikes" in ctx.shared:
+        return ctx.shared["spikes"]
+    fit = ctx.loss_fit
+    out: list[Event] = []
+    if fit is not None:
+        z = fit.resid / fit.sigma
+        flags = (z >= SPIKE_Z) & (fit.resid >= math.log(SPIKE_RATIO))
+        flags &= ~ctx.small_window
+        for a, b in stats.events(flags, max_gap=2):
+            seg = fit.resid[a:b + 1]
+            peak = a + int(np.nanargmax(seg))
+            out.append(Event(a, b, peak, float(math.exp(fit.resid[peak]))))
+    ctx.shared["spikes"] = out
+    return out
+
+
+def level_drops(ctx: Context) -> tuple[list[Event], str]:
+    """Sustained drops of accuracy (or, without acc, rises of loss) against the recent level."""
+    if "cliffs" in ctx.shared:
+        return ctx.shared["cliffs"]
+    fit, metric = ctx.acc_fit, "acc"
+    if fit is None:
+        fit, metric = ctx.loss_fit, "loss"
+    if fit is None:
+        ctx.shared["cliffs"] = ([], metric)
+        return ctx.shared["cliffs"]
+    sign = 1.0 if metric == "acc" else -1.0
+    y = sign * (fit.trend + fit.resid)
+    drop = CLIFF_DROP if metric == "acc" else math.log(1.6)
+    meds, _ = stats.block_medians(y, CLIFF_BLOCK)
+    usable = np.ones(len(meds), dtype=bool)
+    if metric == "acc":
+        acc_level = np.exp(fit.trend)
+        top = np.nanmax(acc_level) if np.isfinite(acc_level).any() else 0.0
+        block_level, _ = stats.block_medians(acc_level, CLIFF_BLOCK)
+        usable = (block_level >= max(0.02, 0.25 * top))
+    events: list[Event] = []
+    if len(meds) > CLIFF_PRE_BLOCKS + 2:
+        windows = np.lib.stride_tricks.sliding_window_view(meds, CLIFF_PRE_BLOCKS)[:-1]
+        with np.errstate(all="ignore"):
+            pre = np.full(len(meds), np.nan)
+            pre[CLIFF_PRE_BLOCKS:] = np.nanmedian(windows, axis=1) if np.isnan(windows).any() else np.median(
+                windows, axis=1)
+        ok_run = np.lib.stride_tricks.sliding_window_view(usable, CLIFF_PRE_BLOCKS)[:-1].all(axis=1)
+        usable_pre = np.zeros(len(meds), dtype=bool)
+        usable_pre[CLIFF_PRE_BLOCKS:] = ok_run
+        nxt = np.append(meds[1:], np.nan)
+        with np.errstate(invalid="ignore"):
+            candidate = usable_pre & ((np.fmax(meds, nxt) <= pre - drop) | (meds <= pre - drop - DEEP_EXTRA))
+        candidate[-1] = False
+        next_free = 0
+        for j in np.flatnonzero(candidate):
+            if j < next_free:
+                continue
+            onset = _onset_row(y, j * CLIFF_BLOCK, pre[j] - drop)
+            back = np.flatnonzero(meds[j + 1:] >= pre[j] - RECOVERED)
+            end_block = j + 1 + int(back[0]) if len(back) else len(meds)
+            trough = float(np.nanmin(meds[j:end_block]))
+            last_row = min(ctx.n - 1, end_block * CLIFF_BLOCK) if len(back) else ctx.n - 1
+            events.append(Event(onset, last_row, last_row if len(back) else -1, math.exp(trough - pre[j])))
+            next_free = end_block + CLIFF_PRE_BLOCKS
+    ctx.shared["cliffs"] = (events, metric)
+    return ctx.shared["cliffs"]
+
+
+def _onset_row(y: np.ndarray, block_start: int, threshold: float) -> int:
+    lo = max(0, block_start - CLIFF_BLOCK)
+    seg = y[lo:block_start + CLIFF_BLOCK]
+    below = np.flatnonzero(seg <= threshold)
+    for i in below:
+        ahead = seg[i:i + 5]
+        if np.mean(ahead <= threshold) >= 0.6:
+            return lo + int(i)
+    return block_start
+
+
+def loss_spike(ctx: Context) -> list[Finding]:
+    events = spike_events(ctx)
+    drops, metric = level_drops(ctx)
+    if metric == "acc":
+        events = [e for e in events if not any(d.first_row - 5 <= e.first_row <= d.first_row + 60 for d in drops)]
+    sustained = drops if metric == "loss" else []
+    if not events and not sustained:
+        return []
+    loss = ctx.t.get("loss")
+    fit = ctx.loss_fit
+    assert fit is not None
+    ratios = [e.ratio for e in events]
+    skipped = ctx.t.get("skipped") > 0
+    after_ckpt = _rows_after_checkpoints(ctx, [e.first_row for e in events], within=30)
+    in_run = _in_long_bucket_run(ctx, [e.peak_row for e in events])
+    evidence: dict[str, float] = {"spikes": len(events)}
+    parts = []
+    if events:
+        worst = max(events, key=lambda e: e.ratio)
+        base = float(np.exp(fit.trend[worst.peak_row] + fit.offset[worst.peak_row]))
+        evidence.update({
+            "max_ratio": worst.ratio, "max_loss": float(loss[worst.peak_row]), "baseline_at_max": base,
+            "max_step": ctx.step_at(worst.peak_row), "per_10k_steps": 1e4 * len(events) / max(1, ctx.n),
+            "skipped": int(sum(skipped[e.peak_row] for e in events)), "after_checkpoint": after_ckpt,
+            "in_same_bucket_run": in_run,
+        })
+        grad = ctx.t.get("grad_norm")
+        if np.isfinite(grad).any():
+            med = float(np.nanmedian(grad))
+            if med > 0 and math.isfinite(grad[worst.peak_row]):
+                evidence["grad_norm_ratio_at_max"] = float(grad[worst.peak_row]) / med
+        parts.append(
+            f"{plural(len(events), 'loss spike')} against the per-bucket baseline, worst {loss[worst.peak_row]:.3g} "
+            f"= {worst.ratio:.1f}x at step {ctx.step_at(worst.peak_row)}"
+        )
+        if after_ckpt:
+            parts.append(f"{after_ckpt} right after a checkpoint")
+        if in_run:
+            parts.append(f"{in_run} inside a long same-bucket run")
+    if sustained:
+        longest = max(int(ctx.step[e.last_row] - ctx.step[e.first_row]) for e in sustained)
+        evidence.update({"sustained": len(sustained), "longest_sustained_steps": longest})
+        parts.append(f"{plural(len(sustained), 'sustained loss jump')} (resets) lasting up to {longest} steps")
+    big = any(r >= BIG_SPIKE_RATIO for r in ratios) or len(events) >= 5 or bool(sustained)
+    spans = [(ctx.step_at(e.first_row), ctx.step_at(e.last_row)) for e in events + sustained]
+    return [Finding(
+        code="loss_spike",
+        severity="warning" if big else "info",
+        steps=(min(a for a, _ in spans), max(b for _, b in spans)),
+        summary="; ".join(parts),
+        evidence=evidence,
+        advice=("Look at the spiking batches (bucket, length, content). If spikes follow long runs of one "
+                "bucket, interleave buckets; if they recur, lower the LR or beta2, or let the guard skip them."),
+        weight=float(max(ratios, default=2.0) * (len(events) + len(sustained))),
+        spans=spans,
+    )]
+
+
+def _rows_after_checkpoints(ctx: Context, rows: list[int], within: int) -> int:
+    ckpt = np.array(sorted(float(r.get("step", np.nan)) for r in ctx.run.of_kind("checkpoint")
+                           if isinstance(r.get("step"), int | float)))
+    if not len(ckpt) or not rows:
+        return 0
+    steps = ctx.step[np.array(rows)]
+    pos = np.searchsorted(ckpt, steps, side="right") - 1
+    ok = pos >= 0
+    return int(np.sum(ok & (steps - ckpt[np.maximum(pos, 0)] <= within)))
+
+
+def _in_long_bucket_run(ctx: Context, rows: list[int]) -> int:
+    bucket = ctx.t.bucket
+    if not rows or not (bucket >= 0).any():
+        return 0
+    starts, lengths, _ = stats.runs(bucket)
+    run_len = np.repeat(lengths, lengths)
+    return int(sum(1 for r in rows if bucket[r] >= 0 and run_len[r] >= 4))
+
+
+def accuracy_cliff(ctx: Context) -> list[Finding]:
+    drops, metric = level_drops(ctx)
+    if metric != "acc" or not drops:
+        return []
+    acc = ctx.t.get("acc")
+    loss = ctx.t.get("loss")
+    findings = []
+    for e in drops:
+        recovered = e.peak_row >= 0
+        pre = acc[max(0, e.first_row - 60):e.first_row]
+        before = float(np.nanmedian(pre)) if np.isfinite(pre).any() else math.nan
+        trough_rows = acc[e.first_row:min(ctx.n, e.first_row + 40)]
+        after = float(np.nanmedian(trough_rows)) if np.isfinite(trough_rows).any() else math.nan
+        recovery = int(ctx.step[e.last_row] - ctx.step[e.first_row]) if recovered else None
+        evidence = {"acc_before": before, "acc_after": after, "depth_ratio": e.ratio,
+                    "recovery_steps": recovery if recovery is not None else math.nan, "recovered": int(recovered)}
+        if np.isfinite(loss).any():
+            lb = loss[max(0, e.first_row - 60):e.first_row]
+            la = loss[e.first_row:min(ctx.n, e.first_row + 40)]
+            if np.isfinite(lb).any() and np.isfinite(la).any():
+                evidence["loss_before"] = float(np.nanmedian(lb))
+                evidence["loss_after"] = float(np.nanmedian(la))
+        if _rows_after_checkpoints(ctx, [e.first_row], within=30):
+            evidence["after_checkpoint"] = 1
+        first = ctx.step_at(e.first_row)
+        tail = f"recovered after {recovery} steps" if recovered else "not recovered by the end of the log"
+        findings.append(Finding(
+            code="accuracy_cliff",
+            severity="warning" if recovered else "error",
+            steps=(first, ctx.step_at(e.last_row)),
+            summary=f"accuracy fell from {before:.3g} to {after:.3g} at step {first} and {tail}",
+            evidence=evidence,
+            advice=("A bad update pushed the weights off: check the batches just before (bucket runs, spikes, "
+                    "grad norm), the LR at that point, and whether a checkpoint or resume happened there."),
+            weight=(1.0 - e.ratio) * (recovery or ctx.n),
+            spans=[(first, ctx.step_at(e.last_row))],
+        ))
+    return findings
+
+
+def plateau(ctx: Context) -> list[Finding]:
+    """The loss level stopped improving for the last third of the run while the LR was still high."""
+    fit = ctx.loss_fit
+    if fit is None or ctx.n < 600:
+        return []
+    level = stats.smooth_trend(fit.trend, max(10, ctx.n // 50))
+    w = max(10, ctx.n // 20)
+    start = int(0.02 * ctx.n)
+    tail_from = int(0.65 * ctx.n)
+    learned = float(np.nanmedian(level[start:start + w]) - np.nanmedian(level[tail_from:tail_from + w]))
+    meds, centres = stats.block_medians((fit.trend + fit.resid)[tail_from:], max(5, (ctx.n - tail_from) // 20))
+    tail_gain = -stats.theil_sen(centres, meds) * (ctx.n - tail_from)
+    if not (np.isfinite(learned) and np.isfinite(tail_gain)):
+        return []
+    if tail_gain > 0.015 or learned < 0.1:
+        return []
+    lr = ctx.t.get("lr")
+    lr_share = math.nan
+    if np.isfinite(lr[tail_from:]).any() and math.isfinite(ctx.lr_peak) and ctx.lr_peak > 0:
+        lr_share = float(np.nanmedian(lr[tail_from:])) / ctx.lr_peak
+        if lr_share < 0.3:
+            return []
+    final = float(np.nanmedian(level[-w:]))
+    flat_rows = np.flatnonzero(level - final > 0.03)
+    since = int(flat_rows[-1]) + 1 if len(flat_rows) else 0
+    since = min(since, tail_from)
+    span = (ctx.step_at(since), ctx.step_at(ctx.n - 1))
+    return [Finding(
+        code="plateau",
+        severity="info",
+        steps=span,
+        summary=(f"loss stopped improving at step {span[0]} (level {math.exp(final):.3g}) for the last "
+                 f"{100 * (ctx.n - since) / ctx.n:.0f}% of the log"
+                 + (f" while the LR was still {100 * lr_share:.0f}% of peak" if math.isfinite(lr_share) else "")),
+        evidence={"plateau_from_step": span[0], "loss_level": math.exp(final), "tail_gain_log": tail_gain,
+                  "lr_share_of_peak": lr_share, "fraction_of_run": (ctx.n - since) / ctx.n},
+        advice=("More steps at this LR buy little: decay the LR (cosine), add or refresh data (regenerate "
+                "on-policy), or stop early and spend the compute elsewhere."),
+        weight=(ctx.n - since) / ctx.n,
+        spans=[span],
+    )]

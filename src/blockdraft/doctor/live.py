@@ -1,0 +1,181 @@
+"""The doctor inside a running trainer, and `blockdraft doctor --follow` on a growing log.
+
+The trainer calls `LiveDoctor.observe(record)` for every record it writes. Non-finite values and
+slow checkpoints are judged on the record itself; everything else by re-running the offline
+detectors over a bounded tail of recent records every `every` steps, so a call costs little on
+average and never grows with the run. Each code is reported once per severity it reaches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from blockdraft.doctor.detectors import diagnose
+from blockdraft.doctor.findings import SEVERITY_RANK, Finding
+from blockdraft.doctor.records import apply_mapping, run_from_records
+
+WATCHED = ("loss", "grad_norm")
+
+
+class LiveDoctor:
+    """Incremental diagnosis: `observe` returns only findings not reported before."""
+
+    def __init__(
+        self,
+        config: dict[str, Any] | None = None,
+        run_start: dict[str, Any] | None = None,
+        *,
+        every: int = 50,
+        window: int = 4096,
+        min_severity: str = "warning",
+        mapping: dict[str, str] | None = None,
+    ) -> None:
+        self.run_start = dict(run_start) if run_start else None
+        if config is not None:
+            self.run_start = {**(self.run_start or {"kind": "run_start", "step": 0}), "config": config}
+        self.every = every
+        self.window = window
+        self.min_rank = SEVERITY_RANK[min_severity]
+        self._steps: deque[dict[str, Any]] = deque(maxlen=window)
+        self._others: deque[dict[str, Any]] = deque(maxlen=512)
+        self._reported: dict[str, int] = {}
+        self._since = 0
+        self._config_checked = False
+        self._mapping = mapping or {}
+
+    def observe(self, record: dict[str, Any]) -> list[Finding]:
+        if self._mapping:
+            record = dict(record)
+            apply_mapping(record, self._mapping)
+        kind = record.get("kind")
+        new: list[Finding] = []
+        if kind == "run_start":
+            self.run_start = dict(record)
+            self._config_checked = False
+        elif kind == "step" or (kind is None and "step" in record):
+            self._steps.append(record)
+            self._since += 1
+            new += self._immediate(record)
+        elif isinstance(kind, str):
+            self._others.append(record)
+            if kind == "checkpoint":
+                new += self._checkpoint(record)
+        if not self._config_checked and self.run_start is not None and len(self._steps) >= 2:
+            self._config_checked = True
+            new += self._analyse(only_config=True)
+        if self._since >= self.every:
+            self._since = 0
+            new += self._analyse()
+        return new
+
+    def prime(self, records: list[dict[str, Any]]) -> None:
+        """Fill the tail window with records already analysed, without reporting on them."""
+        for rec in records:
+            if self._mapping:
+                rec = dict(rec)
+                apply_mapping(rec, self._mapping)
+            kind = rec.get("kind")
+            if kind == "run_start":
+                self.run_start = rec
+            elif kind == "step" or (kind is None and "step" in rec):
+                self._steps.append(rec)
+            elif isinstance(kind, str):
+                self._others.append(rec)
+        self._config_checked = True
+
+    def mark_reported(self, findings: list[Finding]) -> None:
+        """Treat these findings as already shown (used after an offline pass over an existing log)."""
+        for f in findings:
+            self._fresh(f)
+
+    def _fresh(self, finding: Finding) -> bool:
+        rank = SEVERITY_RANK[finding.severity]
+        if rank < self.min_rank or rank <= self._reported.get(finding.code, -1):
+            return False
+        self._reported[finding.code] = rank
+        return True
+
+    def _immediate(self, record: dict[str, Any]) -> list[Finding]:
+        bad = [name for name in WATCHED if _nonfinite(record.get(name))]
+        if not bad:
+            return []
+        step = int(record.get("step", 0))
+        skipped = bool(record.get("skipped"))
+        finding = Finding(
+            code="nonfinite",
+            severity="warning" if skipped else "error",
+            steps=(step, step),
+            summary=f"non-finite {', '.join(bad)} at step {step}" + (" (skipped by the guard)" if skipped else ""),
+            evidence={"step": step, "skipped": int(skipped)},
+            advice="Resume from the last good checkpoint if the update was applied; find the batch that caused it.",
+        )
+        return [finding] if self._fresh(finding) else []
+
+    def _checkpoint(self, record: dict[str, Any]) -> list[Finding]:
+        stall = record.get("stall_s")
+        times = [r.get("step_time") for r in list(self._steps)[-200:]]
+        times = sorted(t for t in times if isinstance(t, int | float) and t > 0)
+        typical = times[len(times) // 2] if times else 0.0
+        if not isinstance(stall, int | float) or stall < max(10.0, 5.0 * typical):
+            return []
+        step = int(record.get("step", 0))
+        finding = Finding(
+            code="checkpoint_stall",
+            severity="warning",
+            steps=(step, step),
+            summary=f"checkpoint at step {step} held the training loop for {stall:.0f} s",
+            evidence={"stall_s": float(stall), "typical_step_s": typical},
+            advice="Stage the state between steps and write it in the background.",
+        )
+        return [finding] if self._fresh(finding) else []
+
+    def _analyse(self, only_config: bool = False) -> list[Finding]:
+        from blockdraft.doctor.detectors import settings
+
+        recs: list[dict[str, Any]] = []
+        if self.run_start is not None:
+            recs.append(self.run_start)
+        first = self._steps[0].get("step", 0) if self._steps else 0
+        recs += [r for r in self._others if isinstance(r.get("step"), int | float) and r["step"] >= first]
+        recs += list(self._steps)
+        run = run_from_records(recs)
+        if only_config:
+            found = diagnose(run, (settings.optimizer_betas, settings.loss_decay_gamma))
+        else:
+            found = diagnose(run)
+        return [f for f in found if self._fresh(f)]
+
+
+def _nonfinite(value: object) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def tail_records(path: Path, poll_s: float = 1.0, stop: Callable[[], bool] | None = None,
+                 start_at: int = 0) -> Iterator[dict[str, Any]]:
+    """Yield records appended to `path` from byte `start_at` on; a partial last line waits for its end."""
+    pending = b""
+    offset = start_at
+    while True:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+        offset += len(chunk)
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                yield rec
+        if stop is not None and stop():
+            return
+        if not chunk:
+            time.sleep(poll_s)

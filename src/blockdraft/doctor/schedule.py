@@ -1,0 +1,90 @@
+"""What the LR and noise std should have been at each step, from the run's resolved config.
+
+Mirrors the trainer's contract: update k (1-based) in warmup uses lr*k/W; after warmup cosine (or
+linear) from lr to lr*min_lr_ratio at total_steps, or constant. Noise std warms up linearly from 0
+over noise.warmup_steps, then stays at std or follows a cosine from std to final_std.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from blockdraft.doctor.records import RunLog
+
+
+def _positive_int(value: object) -> int | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return int(value)
+    return None
+
+
+def total_steps(run: RunLog) -> int | None:
+    return _positive_int(run.run_value("total_steps")) or _positive_int(run.setting("train", "max_steps"))
+
+
+def warmup_steps(run: RunLog) -> int | None:
+    """Resolved warmup length: run_start's, else optim.warmup_steps, else ratio x total."""
+    resolved = run.run_value("warmup_steps")
+    if isinstance(resolved, int | float) and not isinstance(resolved, bool) and resolved >= 0:
+        return int(resolved)
+    explicit = run.setting("optim", "warmup_steps")
+    if isinstance(explicit, int | float) and not isinstance(explicit, bool) and explicit >= 0:
+        return int(explicit)
+    ratio = run.setting("optim", "warmup_ratio")
+    total = total_steps(run)
+    if isinstance(ratio, int | float) and total:
+        return math.ceil(float(ratio) * total)
+    return None
+
+
+def lr_curve(k: np.ndarray, peak: float, warmup: int, total: int, schedule: str, min_ratio: float,
+             decay_from_zero: bool = False) -> np.ndarray:
+    """The LR at updates k; `decay_from_zero` measures decay progress as k/total (another common form)."""
+    k = np.asarray(k, dtype=float)
+    if decay_from_zero:
+        frac = np.clip(k / max(1, total), 0.0, 1.0)
+    else:
+        frac = np.clip((k - warmup) / max(1, total - warmup), 0.0, 1.0)
+    if schedule == "cosine":
+        decay = min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + np.cos(np.pi * frac))
+    elif schedule == "linear":
+        decay = min_ratio + (1.0 - min_ratio) * (1.0 - frac)
+    else:
+        decay = np.ones_like(frac)
+    if warmup <= 0:
+        return peak * decay
+    return peak * np.where(k <= warmup, np.clip(k, 0, None) / warmup, decay)
+
+
+def expected_lr(run: RunLog, k: np.ndarray, decay_from_zero: bool = False) -> np.ndarray | None:
+    """The configured LR at updates `k`, or None when the config does not pin it down."""
+    peak = run.setting("optim", "lr")
+    total = total_steps(run)
+    warmup = warmup_steps(run)
+    schedule = run.setting("optim", "schedule") or "cosine"
+    min_ratio = run.setting("optim", "min_lr_ratio") or 0.0
+    if not isinstance(peak, int | float) or peak <= 0 or total is None or warmup is None:
+        return None
+    return lr_curve(k, float(peak), warmup, total, str(schedule), float(min_ratio), decay_from_zero)
+
+
+def expected_noise(run: RunLog, k: np.ndarray) -> np.ndarray | None:
+    noise = run.setting("noise")
+    if not isinstance(noise, dict) or not isinstance(noise.get("std"), int | float):
+        return None
+    std = float(noise["std"])
+    final = float(noise.get("final_std") or 0.0)
+    warm = int(noise.get("warmup_steps") or 0)
+    k = np.asarray(k, dtype=float)
+    out = np.full(len(k), std)
+    if noise.get("schedule") == "cosine":
+        total = total_steps(run)
+        if total is None:
+            return None
+        frac = np.clip(k / total, 0.0, 1.0)
+        out = final + (std - final) * 0.5 * (1.0 + np.cos(np.pi * frac))
+    if warm > 0:
+        out = out * np.minimum(1.0, np.clip(k, 0, None) / warm)
+    return out

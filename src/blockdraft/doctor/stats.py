@@ -1,0 +1,226 @@
+"""Robust statistics the detectors share: block medians, per-bucket trend fits, runs, slopes.
+
+Everything is O(n) or O(n log n) numpy so a million-step log stays within the time budget; medians
+rather than means so a spike or a bad bucket cannot drag the baseline it is judged against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MAD_TO_SIGMA = 1.4826
+
+
+def mad_sigma(x: np.ndarray) -> float:
+    """Standard deviation estimated from the median absolute deviation (NaNs ignored)."""
+    x = x[np.isfinite(x)]
+    if not len(x):
+        return float("nan")
+    return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
+
+
+def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Medians of consecutive blocks of `size` (NaN-aware) and each block's centre index."""
+    n = len(x)
+    if n == 0:
+        return np.zeros(0), np.zeros(0)
+    size = max(1, min(size, n))
+    full = n // size
+    meds = []
+    centres = []
+    if full:
+        head = x[: full * size].reshape(full, size)
+        with np.errstate(all="ignore"):
+            meds.append(_nanmedian_rows(head))
+        centres.append(np.arange(full) * size + (size - 1) / 2.0)
+    if n - full * size:
+        tail = x[full * size:]
+        meds.append(np.array([np.nanmedian(tail) if np.isfinite(tail).any() else np.nan]))
+        centres.append(np.array([full * size + (n - full * size - 1) / 2.0]))
+    return np.concatenate(meds), np.concatenate(centres)
+
+
+def _nanmedian_rows(rows: np.ndarray) -> np.ndarray:
+    if np.isfinite(rows).all():
+        return np.median(rows, axis=1)
+    out = np.full(len(rows), np.nan)
+    ok = np.isfinite(rows).any(axis=1)
+    if ok.any():
+        out[ok] = np.nanmedian(rows[ok], axis=1)
+    return out
+
+
+def smooth_trend(x: np.ndarray, size: int) -> np.ndarray:
+    """A robust running level of `x`: block medians, a 3-block median, linear interpolation back."""
+    n = len(x)
+    if n == 0:
+        return np.zeros(0)
+    meds, centres = block_medians(x, size)
+    ok = np.isfinite(meds)
+    if not ok.any():
+        return np.full(n, np.nan)
+    meds, centres = meds[ok], centres[ok]
+    if len(meds) >= 3:
+        padded = np.concatenate([meds[:1], meds, meds[-1:]])
+        meds = np.median(np.stack([padded[:-2], padded[1:-1], padded[2:]]), axis=0)
+    return np.interp(np.arange(n), centres, meds)
+
+
+@dataclass
+class BucketFit:
+    """log-metric = trend(t) + offset[bucket] + residual, fitted robustly."""
+
+    trend: np.ndarray
+    offset: np.ndarray
+    groups: np.ndarray
+    labels: np.ndarray
+    resid: np.ndarray
+    sigma: np.ndarray
+
+    def level(self) -> np.ndarray:
+        return self.trend + self.offset
+
+
+def bucket_fit(y: np.ndarray, groups: np.ndarray, size: int, segment: np.ndarray | None = None) -> BucketFit:
+    """Fit log-metric = shared trend + constant offset per bucket, and a rolling MAD scale.
+
+    Loss levels differ by length bucket, so a spike must be judged against its own bucket's level.
+    Offsets come from the jumps at bucket changes (the trend barely moves in one step), so they stay
+    right even when buckets arrive in runs long enough for a smoother to follow them.
+    """
+    n = len(y)
+    labels, inverse = np.unique(groups, return_inverse=True)
+    ok = np.isfinite(y)
+    offsets, known = transition_offsets(y, inverse, len(labels), segment)
+    trend = smooth_trend(np.where(ok, y - offsets[inverse], np.nan), size)
+    if not known.all():
+        resid = y - trend
+        for j in np.flatnonzero(~known):
+            sel = (inverse == j) & ok
+            if sel.sum() >= 10:
+                offsets[j] += float(np.median(resid[sel] - offsets[j]))
+        trend = smooth_trend(np.where(ok, y - offsets[inverse], np.nan), size)
+    offset = offsets[inverse] if n else np.zeros(0)
+    resid = y - trend - offset
+    sigma = MAD_TO_SIGMA * smooth_trend(np.abs(resid), max(size * 8, 200))
+    floor = max(1e-3, 0.2 * (np.nanmedian(sigma) if np.isfinite(sigma).any() else 1e-3))
+    sigma = np.maximum(np.nan_to_num(sigma, nan=floor), floor)
+    return BucketFit(trend=trend, offset=offset, groups=inverse, labels=labels, resid=resid, sigma=sigma)
+
+
+def transition_offsets(
+    y: np.ndarray, groups: np.ndarray, k: int, segment: np.ndarray | None = None, max_loop: int = 20000
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-group level offsets (weighted mean 0) from the median jump at each change of group.
+
+    Returns the offsets and which groups were pinned down by enough transitions.
+    """
+    offsets = np.zeros(k)
+    known = np.zeros(k, dtype=bool)
+    if k < 2 or len(y) < 3:
+        known[:] = True
+        return offsets, known
+    starts, lengths, values = runs(groups)
+    if len(starts) < 2:
+        known[:] = True
+        return offsets, known
+    a, b = values[:-1], values[1:]
+    right = starts[1:]
+    left_end = right - 1
+    jump = y[right] - y[left_end]
+    long_both = (lengths[:-1] >= 5) & (lengths[1:] >= 5)
+    idx = np.flatnonzero(long_both)[:max_loop]
+    for i in idx:
+        lo = max(starts[i], left_end[i] - 4)
+        jump[i] = np.nanmedian(y[right[i]:right[i] + 5]) - np.nanmedian(y[lo:left_end[i] + 1])
+    good = np.isfinite(jump)
+    if segment is not None:
+        good &= segment[right] == segment[left_end]
+    a, b, jump = a[good], b[good], jump[good]
+    if not len(jump):
+        return offsets, known
+    pair = a * k + b
+    order = np.argsort(pair, kind="stable")
+    pair, jump, a, b = pair[order], jump[order], a[order], b[order]
+    firsts = np.flatnonzero(np.concatenate([[True], pair[1:] != pair[:-1]]))
+    ends = np.concatenate([firsts[1:], [len(pair)]])
+    rows, rhs, weights = [], [], []
+    for f, e in zip(firsts, ends, strict=True):
+        if e - f < 2:
+            continue
+        row = np.zeros(k)
+        row[b[f]] += 1.0
+        row[a[f]] -= 1.0
+        rows.append(row)
+        rhs.append(float(np.median(jump[f:e])))
+        weights.append(np.sqrt(e - f))
+    if not rows:
+        return offsets, known
+    mat = np.array(rows) * np.array(weights)[:, None]
+    vec = np.array(rhs) * np.array(weights)
+    counts = np.bincount(groups[np.isfinite(y)], minlength=k).astype(float)
+    involved = (np.abs(np.array(rows)) > 0).any(axis=0)
+    share = np.where(involved, counts, 0.0)
+    share = share / share.sum() if share.sum() > 0 else share
+    mat = np.vstack([mat, share * len(rows)])
+    vec = np.append(vec, 0.0)
+    solution, *_ = np.linalg.lstsq(mat, vec, rcond=None)
+    offsets[involved] = solution[involved]
+    known[involved] = True
+    return offsets, known
+
+
+def runs(seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Run-length encoding: (start index, length, value) of each run of equal values."""
+    if not len(seq):
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    change = np.flatnonzero(seq[1:] != seq[:-1]) + 1
+    starts = np.concatenate([[0], change])
+    lengths = np.diff(np.concatenate([starts, [len(seq)]]))
+    return starts, lengths, seq[starts]
+
+
+def events(flags: np.ndarray, max_gap: int = 1) -> list[tuple[int, int]]:
+    """Group flagged indices into [first, last] index ranges, merging gaps of up to `max_gap`."""
+    idx = np.flatnonzero(flags)
+    if not len(idx):
+        return []
+    cut = np.flatnonzero(np.diff(idx) > max_gap + 1)
+    firsts = np.concatenate([[idx[0]], idx[cut + 1]])
+    lasts = np.concatenate([idx[cut], [idx[-1]]])
+    return list(zip(firsts.tolist(), lasts.tolist(), strict=True))
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray) -> float:
+    """Median of pairwise slopes: a trend that a few outlying blocks cannot bend."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) < 3:
+        return float("nan")
+    i, j = np.triu_indices(len(x), k=1)
+    dx = x[j] - x[i]
+    good = dx != 0
+    return float(np.median((y[j] - y[i])[good] / dx[good]))
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) < 3:
+        return float("nan")
+    rx = np.argsort(np.argsort(x)).astype(float)
+    ry = np.argsort(np.argsort(y)).astype(float)
+    if rx.std() == 0 or ry.std() == 0:
+        return 0.0
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def lag1_autocorr(x: np.ndarray) -> float:
+    x = x[np.isfinite(x)]
+    if len(x) < 10 or x.std() == 0:
+        return float("nan")
+    x = x - x.mean()
+    return float(np.dot(x[:-1], x[1:]) / np.dot(x, x))

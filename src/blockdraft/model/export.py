@@ -1,0 +1,55 @@
+"""The serving format (z-lab / vLLM / SGLang): a folder with config.json + model.safetensors.
+
+config.json is a Qwen3Config with architectures ["DFlashDraftModel"], num_hidden_layers = drafter
+layers (and layer_types of the same length), block_size, num_target_layers and
+dflash_config {mask_token_id, target_layer_ids}. model.safetensors holds unprefixed names
+(fc.weight, hidden_norm.weight, layers.N...., norm.weight): no embeddings, no lm_head.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import Qwen3Config
+
+from blockdraft.errors import UserError
+from blockdraft.model.drafter import DFlashDrafter
+
+
+def config_from_dict(data: dict) -> Qwen3Config:
+    data = {k: v for k, v in data.items() if k != "model_type"}
+    return Qwen3Config(**data)
+
+
+def save_drafter(
+    state: dict[str, torch.Tensor], config: Qwen3Config | dict, out_dir: Path, dtype: torch.dtype
+) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = config if isinstance(config, Qwen3Config) else config_from_dict(config)
+    cfg_dict = cfg.to_dict()
+    cfg_dict["dtype"] = str(dtype).removeprefix("torch.")
+    (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
+    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
+    return out_dir
+
+
+def load_drafter(path: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> DFlashDrafter:
+    path = Path(path)
+    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+        raise UserError(f"{path} is not an exported drafter (config.json + model.safetensors expected)")
+    try:
+        cfg = config_from_dict(json.loads((path / "config.json").read_text()))
+    except (json.JSONDecodeError, TypeError, ValueError) as exc:
+        raise UserError(f"{path}/config.json is not a drafter config: {exc}") from None
+    if "DFlashDraftModel" not in (cfg.architectures or []) or not hasattr(cfg, "dflash_config"):
+        raise UserError(f"{path}/config.json does not describe a DFlashDraftModel")
+    drafter = DFlashDrafter(cfg)
+    missing, unexpected = drafter.load_state_dict(load_file(path / "model.safetensors"), strict=False)
+    if missing or unexpected:
+        raise UserError(f"{path}: weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return drafter.to(device=device, dtype=dtype).eval()

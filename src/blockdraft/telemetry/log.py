@@ -1,0 +1,60 @@
+"""log.jsonl: one JSON object a line, the source of truth for everything about a run.
+
+Each record gets `kind`, `time` and `step`; every line is flushed as it is written, so a crash
+loses at most the line being written. Non-finite floats are written as null (JSON has no NaN) and
+flagged in the record's `nonfinite` list, so a NaN loss is visible rather than unparseable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+SCHEMA = 1
+
+
+def _clean(value: Any, path: str, bad: list[str]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        bad.append(path)
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v, f"{path}.{k}" if path else k, bad) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v, f"{path}[{i}]", bad) for i, v in enumerate(value)]
+    return value
+
+
+class RunLog:
+    """Append-only writer for RUN/log.jsonl (rank 0 only)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: TextIO = path.open("a", encoding="utf-8")
+
+    def write(self, kind: str, step: int, **fields: Any) -> dict[str, Any]:
+        bad: list[str] = []
+        record = _clean({"kind": kind, "time": time.time(), "step": step, **fields}, "", bad)
+        if bad:
+            record["nonfinite"] = bad
+        self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._fh.flush()
+        return record
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """All complete records; a truncated last line (a crash mid-write) is ignored."""
+    records = []
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records

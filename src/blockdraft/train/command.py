@@ -1,0 +1,22 @@
+"""`blockdraft train CONFIG.yaml [key=value ...] [--resume]`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML config (see configs/)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=3e-4 train.out_dir=runs/x")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--no-console", action="store_true", help="no live progress line (log.jsonl is unchanged)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from blockdraft.config import load_config
+    from blockdraft.train.loop import Trainer
+
+    cfg = load_config(args.config, args.overrides)
+    result = Trainer(cfg, resume=args.resume, show_console=not args.no_console).run()
+    print(f"{result.status} at step {result.last_step}: {result.run_dir}")
+    return 0

@@ -1,0 +1,74 @@
+"""Shared fixtures: a tiny Qwen3 target folder (random weights, a BPE tokenizer with a mask token),
+a small text corpus, and a small training config. Nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from blockdraft.config import Config, build_config
+from blockdraft.corpus import read_source, stdlib_files
+
+TINY_TARGET = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                   intermediate_size=64, max_position_embeddings=512)
+
+
+def _texts(limit: int = 6) -> list[str]:
+    return [t for t in map(read_source, stdlib_files("train")[:limit]) if t]
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory) -> Path:
+    """A saved 4-layer Qwen3 causal LM with a 256-token BPE tokenizer that has <|MASK|>."""
+    path = tmp_path_factory.mktemp("tiny-target")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=256 + 64, special_tokens=["<|endoftext|>", "<|MASK|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_texts(), trainer=trainer)
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                     mask_token="<|MASK|>")
+    hf_tok.save_pretrained(path)
+    torch.manual_seed(0)
+    # a wide init gives the frozen lm_head logits of a trained scale, so drafters learn in a few steps
+    cfg = Qwen3Config(vocab_size=len(hf_tok), architectures=["Qwen3ForCausalLM"], eos_token_id=0,
+                      initializer_range=0.3, **TINY_TARGET)
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "train.jsonl"
+    with path.open("w") as fh:
+        for text in _texts(4):
+            for i in range(0, min(len(text), 6000), 300):
+                fh.write(json.dumps({"text": text[i : i + 300]}) + "\n")
+    return path
+
+
+def make_config(target: Path, corpus: Path, out_dir: Path, **sections) -> Config:
+    raw = {
+        "target": {"path": str(target)},
+        "drafter": {"num_layers": 1, "block_size": 4, "target_layer_ids": [0, 2]},
+        "data": {"train_files": [str(corpus)], "format": "text", "max_len": 64, "tokens_per_batch": 256,
+                 "cache_dir": str(out_dir / "cache"), "num_workers": 1, "prefetch_depth": 2},
+        "optim": {"lr": 1e-3, "warmup_steps": 2},
+        "train": {"out_dir": str(out_dir / "run"), "max_steps": 6, "num_anchors": 8, "save_every": 3,
+                  "device": "cpu", "precision": "fp32"},
+        "eval": {"prompts": [], "max_new_tokens": 8},
+    }
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    return build_config(raw)
+
+
+@pytest.fixture
+def tiny_config(tiny_target, tiny_corpus, tmp_path):
+    return lambda **sections: make_config(tiny_target, tiny_corpus, tmp_path, **sections)

@@ -1,0 +1,200 @@
+"""Batching properties: coverage, budgets, run bound, even drain, determinism, resume, rank alignment."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from blockdraft.config import DataConfig
+from blockdraft.data.batching import (
+    BatchSampler,
+    _feasible,
+    interleave,
+    lag1_autocorr,
+    longest_run,
+    run_bound,
+    tail_run,
+)
+from blockdraft.errors import UserError
+
+SEED_BOUNDARIES = [0, 770, 1216, 1728, 2432, 3296, 8192]
+DRAIN_TOLERANCE = 4  # batches: offset (<1) + jitter (<0.5 each side) + slots taken by neighbours
+
+
+def seed_like_lengths(n: int, rng: np.random.Generator) -> np.ndarray:
+    """The incident's shape: most samples short, a long tail up to 8192."""
+    return np.concatenate(
+        [
+            rng.integers(40, 770, int(n * 0.7)),
+            rng.integers(770, 3296, int(n * 0.25)),
+            rng.integers(3296, 8192, n - int(n * 0.7) - int(n * 0.25)),
+        ]
+    )
+
+
+lengths_st = st.lists(st.integers(1, 600), min_size=1, max_size=300).map(lambda x: np.asarray(x))
+cfg_st = st.builds(
+    DataConfig,
+    buckets=st.one_of(st.just("auto"), st.lists(st.integers(0, 600), max_size=6)),
+    tokens_per_batch=st.integers(1, 2000),
+    max_same_bucket_run=st.integers(1, 4),
+)
+
+
+def bucket_positions(seq: np.ndarray, counts: list[int]) -> np.ndarray:
+    """Largest |consumed_b(t) - t * share_b| over the epoch, in batches."""
+    onehot = np.zeros((len(seq), len(counts)))
+    onehot[np.arange(len(seq)), seq] = 1
+    ideal = np.arange(1, len(seq) + 1)[:, None] * np.asarray(counts)[None] / len(seq)
+    return np.abs(onehot.cumsum(0) - ideal).max(axis=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_st, cfg=cfg_st, seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 3))
+def test_every_sample_once_per_epoch_within_budget(lengths, cfg, seed, epoch):
+    sampler = BatchSampler(lengths, cfg, seed)
+    plan = sampler.plan(epoch)
+    assert len(plan) == sampler.batches_per_epoch
+    ids = np.concatenate([p.sample_ids for p in plan])
+    assert np.array_equal(np.sort(ids), np.arange(len(lengths)))
+    for p in plan:
+        lens = lengths[p.sample_ids]
+        assert p.padded_tokens == len(lens) * lens.max()
+        assert p.real_tokens == lens.sum()
+        assert p.padded_tokens <= cfg.tokens_per_batch or len(lens) == 1
+        assert np.all(sampler.bucket_of[p.sample_ids] == p.bucket)
+    assert [p.index for p in plan] == list(range(len(plan)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 120), min_size=1, max_size=8).filter(lambda c: sum(c) > 0),
+    max_run=st.integers(1, 4),
+    seed=st.integers(0, 2**32 - 1),
+    tail=st.one_of(st.none(), st.tuples(st.integers(0, 7), st.integers(1, 4))),
+)
+def test_interleave_bounds_runs_and_drains_evenly(counts, max_run, seed, tail):
+    tail = tail if tail is None or (tail[0] < len(counts) and tail[1] <= max_run) else None
+    seq = interleave(counts, np.random.default_rng(seed), max_run, tail)
+    assert np.bincount(seq, minlength=len(counts)).tolist() == counts
+    bound = run_bound(counts, max_run)
+    assert longest_run(seq) <= bound
+    if tail is not None and _feasible(list(counts), tail[0], tail[1], bound):
+        joined = np.concatenate([np.full(tail[1], tail[0]), seq])
+        assert longest_run(joined) <= bound
+    if bound == max_run:  # feasible: every bucket stays within a few batches of its share
+        assert bucket_positions(seq, counts).max() <= DRAIN_TOLERANCE
+
+
+def test_infeasible_counts_get_the_smallest_possible_runs():
+    counts = [50, 3, 2]  # 50 batches, 5 separators: runs of ceil(50 / 6) = 9 at least
+    seq = interleave(counts, np.random.default_rng(0), 3)
+    assert run_bound(counts, 3) == 9
+    assert longest_run(seq) == 9
+
+
+def test_seed_incident_distribution_is_interleaved():
+    rng = np.random.default_rng(7)
+    lengths = seed_like_lengths(20_000, rng)
+    cfg = DataConfig(buckets=SEED_BOUNDARIES, tokens_per_batch=16384, max_len=8192)
+    sampler = BatchSampler(lengths, cfg, seed=3)
+    described = sampler.describe()
+    assert described["max_same_bucket_run"] <= 3
+    assert abs(described["length_autocorr_lag1"]) < 0.35
+    assert described["pad_frac"] < 0.01
+    assert abs(sum(b["token_share"] for b in described["buckets"]) - 1) < 1e-3
+    seq = sampler.schedule(0)
+    assert bucket_positions(seq, sampler.group_counts).max() <= DRAIN_TOLERANCE
+    homogeneous = BatchSampler(lengths, cfg.model_copy(update={"interleave": False}), seed=3).describe()
+    assert homogeneous["length_autocorr_lag1"] > 0.8
+    assert homogeneous["max_same_bucket_run"] == max(b["batches"] for b in homogeneous["buckets"])
+
+
+def test_auto_buckets_hold_equal_token_shares():
+    lengths = seed_like_lengths(20_000, np.random.default_rng(1))
+    described = BatchSampler(lengths, DataConfig(tokens_per_batch=8192), seed=0).describe()
+    shares = [b["token_share"] for b in described["buckets"]]
+    assert len(shares) == 6
+    assert max(shares) - min(shares) < 0.02
+    batches = [b["batches"] for b in described["buckets"]]
+    assert max(batches) < 1.5 * min(batches)  # long samples pack less tightly into 8192 tokens
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=lengths_st, cfg=cfg_st, seed=st.integers(0, 1000))
+def test_deterministic_and_epochs_differ_but_keep_batch_count(lengths, cfg, seed):
+    a, b = BatchSampler(lengths, cfg, seed), BatchSampler(lengths, cfg, seed)
+    for epoch in (0, 1, 2):
+        pa, pb = a.plan(epoch), b.plan(epoch)
+        assert len(pa) == a.batches_per_epoch
+        assert [(p.bucket, p.sample_ids.tolist()) for p in pa] == [(p.bucket, p.sample_ids.tolist()) for p in pb]
+    assert sum(p.padded_tokens for p in a.plan(0)) == sum(p.padded_tokens for p in a.plan(1))
+
+
+def test_epochs_reshuffle():
+    lengths = np.random.default_rng(0).integers(1, 400, 500)
+    sampler = BatchSampler(lengths, DataConfig(tokens_per_batch=800), seed=0)
+    orders = [np.concatenate([p.sample_ids for p in sampler.plan(e)]) for e in range(3)]
+    assert not np.array_equal(orders[0], orders[1])
+    assert not np.array_equal(orders[1], orders[2])
+
+
+def test_run_bound_holds_across_epoch_boundaries():
+    lengths = np.random.default_rng(2).integers(1, 300, 3000)
+    cfg = DataConfig(tokens_per_batch=600, max_same_bucket_run=2)
+    sampler = BatchSampler(lengths, cfg, seed=5)
+    assert sampler.bound == 2
+    seqs = [sampler.schedule(e) for e in range(6)]
+    assert longest_run(np.concatenate(seqs)) <= 2
+    fresh = BatchSampler(lengths, cfg, seed=5)  # jumping straight to epoch 4 gives the same order
+    assert np.array_equal(fresh.schedule(4), seqs[4])
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=lengths_st, cfg=cfg_st, seed=st.integers(0, 1000), steps=st.integers(0, 400))
+def test_resume_mid_epoch_gives_the_same_batches(lengths, cfg, seed, steps):
+    run = BatchSampler(lengths, cfg, seed)
+    for _ in range(steps):
+        run.next()
+    state = run.state_dict()
+    expected = [run.next() for _ in range(5)]
+    resumed = BatchSampler(lengths, cfg, seed)
+    resumed.load_state_dict(state)
+    got = [resumed.next() for _ in range(5)]
+    assert [(p.epoch, p.index, p.sample_ids.tolist()) for p in got] == [
+        (p.epoch, p.index, p.sample_ids.tolist()) for p in expected
+    ]
+
+
+def test_resume_with_other_data_is_refused():
+    cfg = DataConfig(tokens_per_batch=100)
+    state = BatchSampler(np.arange(1, 50), cfg, 0).state_dict()
+    with pytest.raises(UserError, match="changed"):
+        BatchSampler(np.arange(1, 51), cfg, 0).load_state_dict(state)
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=lengths_st, cfg=cfg_st, seed=st.integers(0, 1000), world=st.integers(2, 5))
+def test_ranks_share_buckets_steps_and_cover_the_data(lengths, cfg, seed, world):
+    samplers = [BatchSampler(lengths, cfg, seed, rank=r, world_size=world) for r in range(world)]
+    plans = [s.plan(1) for s in samplers]
+    assert len({len(p) for p in plans}) == 1
+    for step in zip(*plans, strict=True):
+        assert len({p.bucket for p in step}) == 1
+    seen = np.concatenate([p.sample_ids for plan in plans for p in plan])
+    assert set(seen.tolist()) == set(range(len(lengths)))
+    distinct = {tuple(p.sample_ids.tolist()) for plan in plans for p in plan}
+    assert len(distinct) == sum(samplers[0].batch_counts)
+    padding = world * len(plans[0]) - sum(samplers[0].batch_counts)
+    assert padding == sum(-n % world for n in samplers[0].batch_counts)
+    described = samplers[0].describe()
+    assert described["batches"] == world * samplers[0].batches_per_epoch
+
+
+def test_helpers():
+    assert longest_run(np.array([1, 1, 2, 2, 2, 1])) == 3
+    assert tail_run(np.array([0, 1, 1])) == (1, 2)
+    assert lag1_autocorr(np.array([1, 2, 3, 4, 5, 6])) > 0.99
+    assert lag1_autocorr(np.array([1, 9, 1, 9, 1, 9])) < -0.99

@@ -1,0 +1,177 @@
+"""`blockdraft data` and `blockdraft regenerate` through the real CLI entry point."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from blockdraft import cli
+
+from .conftest import chat, write_jsonl
+from .test_reading import broken_corpus
+
+
+@pytest.fixture(autouse=True)
+def only_data_verbs(monkeypatch):
+    """The other verbs are built by other people; these tests exercise ours through cli.main."""
+    monkeypatch.setattr(cli, "VERBS", {k: v for k, v in cli.VERBS.items() if k in ("data", "regenerate")})
+
+
+def test_data_json_counts_and_plan(tmp_path, qwen_dir, capsys):
+    path = write_jsonl(tmp_path / "broken.jsonl", broken_corpus() + [chat("hello world", "fine.")] * 30)
+    rc = cli.main(
+        [
+            "data",
+            str(path),
+            "--target",
+            str(qwen_dir),
+            "--max-len",
+            "64",
+            "--overlong",
+            "drop",
+            "--tokens-per-batch",
+            "256",
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--json",
+        ]
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    for key in (
+        "samples_total",
+        "samples_used",
+        "skipped",
+        "buckets",
+        "batches",
+        "max_same_bucket_run",
+        "length_autocorr_lag1",
+        "pad_frac",
+        "first_bad_lines",
+        "length_histogram",
+    ):
+        assert key in out
+    assert (out["samples_total"], out["samples_used"]) == (47, 33)
+    assert out["skipped"]["malformed_json"] == 2 and out["first_bad_lines"]["invalid_utf8"] == [f"{path}:4"]
+    assert sum(b["samples"] for b in out["buckets"]) == 33
+    assert sum(b["batches"] for b in out["buckets"]) == out["batches"]
+    assert sum(h["samples"] for h in out["length_histogram"]) == 33
+
+
+def test_data_tables(tmp_path, qwen_dir, capsys):
+    path = write_jsonl(tmp_path / "d.jsonl", broken_corpus())
+    rc = cli.main(
+        ["data", str(path), "--target", str(qwen_dir), "--cache-dir", str(tmp_path / "c"), "--buckets", "20,40"]
+    )
+    text = capsys.readouterr().out
+    assert rc == 0
+    for needle in ("skipped records", "malformed_json", "d.jsonl:2", "batch plan", "max same-bucket run"):
+        assert needle in text
+
+
+@pytest.mark.parametrize(
+    "argv_tail, message",
+    [
+        (["missing.jsonl"], "data file not found"),
+        (["ALLBAD"], "no usable samples"),
+        (["GOOD", "--buckets", "a,b"], "--buckets"),
+        (["GOOD", "--max-len", "2"], "data.max_len"),
+    ],
+)
+def test_data_user_errors_exit_2(tmp_path, qwen_dir, capsys, argv_tail, message):
+    good = write_jsonl(tmp_path / "good.jsonl", [chat("hello", "world")])
+    bad = write_jsonl(tmp_path / "bad.jsonl", ["{", {"messages": []}])
+    argv = [str(good) if a == "GOOD" else str(bad) if a == "ALLBAD" else a for a in argv_tail]
+    rc = cli.main(["data", *argv, "--target", str(qwen_dir), "--cache-dir", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_data_bad_target_exit_2(tmp_path, capsys):
+    good = write_jsonl(tmp_path / "good.jsonl", [chat("hello", "world")])
+    assert cli.main(["data", str(good), "--target", str(tmp_path / "nowhere")]) == 2
+    assert "target folder not found" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory, qwen_tok):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny_qwen3")
+    config = Qwen3Config(
+        vocab_size=len(qwen_tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        eos_token_id=qwen_tok.eos_token_id,
+        pad_token_id=qwen_tok.pad_token_id,
+    )
+    Qwen3ForCausalLM(config).save_pretrained(path)
+    qwen_tok.save_pretrained(path)
+    return path
+
+
+def test_regenerate_writes_shards_and_resumes(tmp_path, tiny_target, capsys):
+    records = [
+        chat("hello world", "old answer", "the capital?", "old again"),
+        {"text": "def add(a, b):"},
+        {"messages": [{"role": "user", "content": "prompt only"}]},
+        "{broken",
+        chat("quick", "fox"),
+    ]
+    src = write_jsonl(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out"
+    argv = [
+        "regenerate",
+        "--target",
+        str(tiny_target),
+        "--in",
+        str(src),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "5",
+        "--batch-size",
+        "2",
+        "--shard-size",
+        "3",
+    ]
+    assert cli.main(argv) == 0
+    shards = sorted(out.glob("shard-*.jsonl"))
+    assert [p.name for p in shards] == ["shard-00000.jsonl", "shard-00001.jsonl"]
+    rows = [json.loads(line) for p in shards for line in p.read_text().splitlines()]
+    assert [r["source"].rsplit(":", 1)[1] for r in rows] == ["1", "2", "3", "5"]
+    first = rows[0]["messages"]
+    assert [m["role"] for m in first] == ["user", "assistant", "user", "assistant"]
+    assert first[0]["content"] == "hello world" and first[2]["content"] == "the capital?"
+    assert "old" not in first[1]["content"] + first[3]["content"]
+    assert [m["role"] for m in rows[1]["messages"]] == ["user", "assistant"]  # text record = a prompt
+    assert [m["role"] for m in rows[2]["messages"]] == ["user", "assistant"]  # prompt-only gets an answer
+    assert "malformed_json" in capsys.readouterr().out
+
+    shards[1].unlink()
+    stamp = shards[0].stat().st_mtime_ns
+    assert cli.main(argv) == 0
+    assert shards[0].stat().st_mtime_ns == stamp and shards[1].is_file()
+    assert "1 written now, 1 already done" in capsys.readouterr().out
+    again = [json.loads(line) for line in shards[1].read_text().splitlines()]
+    assert again == rows[3:]  # greedy: the same output on a rerun
+
+    assert cli.main([*argv[:-2], "--shard-size", "2"]) == 2
+    assert "shard_size" in capsys.readouterr().err
+
+
+def test_cli_modules_do_not_import_torch():
+    """`blockdraft --help` and `blockdraft doctor` import these modules; torch must wait for `run`."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, blockdraft.data, blockdraft.data.command, blockdraft.data.regenerate;"
+        "sys.exit(int('torch' in sys.modules or 'transformers' in sys.modules))"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,0 +1,40 @@
+"""Shared helpers: synthetic runs written to tmp files and analysed through the public loader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from blockdraft.doctor import synthetic
+from blockdraft.doctor.detectors import diagnose
+from blockdraft.doctor.findings import Finding
+from blockdraft.doctor.records import RunLog, load_run, parse_mapping
+
+
+def analyse(tmp_path: Path, run: synthetic.SyntheticRun) -> tuple[RunLog, list[Finding]]:
+    path = run.write(tmp_path / "log.jsonl")
+    log = load_run(path, parse_mapping(run.mapping))
+    return log, diagnose(log)
+
+
+def write_records(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def codes(findings: list[Finding], at_least: str = "info") -> set[str]:
+    from blockdraft.doctor.findings import at_least as level_ok
+
+    return {f.code for f in findings if level_ok(f.severity, at_least)}
+
+
+@pytest.fixture
+def run_factory(tmp_path: Path):
+    def make(seed: int, anomalies: tuple[str, ...] = (), n_steps: int = 2500, style: str | None = "ours"):
+        run = synthetic.generate(seed, anomalies=anomalies, n_steps=n_steps, style=style)
+        log, findings = analyse(tmp_path, run)
+        return run, log, findings
+
+    return make

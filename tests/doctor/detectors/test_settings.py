@@ -1,0 +1,74 @@
+import json
+
+from blockdraft.doctor.detectors import diagnose
+from blockdraft.doctor.records import parse_log_bytes
+
+from ..conftest import codes
+
+
+def _find(findings, code):
+    return [f for f in findings if f.code == code]
+
+
+def _run(lrs, config=None, extra=None):
+    recs = []
+    if config is not None:
+        recs.append({"kind": "run_start", "step": 0, "config": config, **(extra or {})})
+    recs += [{"kind": "step", "step": i + 1, "lr": lr, "loss": 1.0} for i, lr in enumerate(lrs)]
+    return diagnose(parse_log_bytes("".join(json.dumps(r) + "\n" for r in recs).encode(), {}))
+
+
+def _config(**optim):
+    base = {"lr": 6e-4, "betas": [0.9, 0.95], "warmup_steps": 10, "schedule": "constant", "min_lr_ratio": 0.0}
+    base.update(optim)
+    return {"optim": base, "drafter": {"block_size": 16}, "loss": {"weighting": "exp_decay", "gamma": None}}
+
+
+def test_first_update_at_peak_lr_without_config():
+    """The seed incident: step 1 at 6e-4, step 2 at 6.43e-7, then the warmup."""
+    lrs = [6e-4] + [6e-4 * k / 933 for k in range(1, 300)]
+    found = _find(_run(lrs), "warmup_first_step")
+    assert found and found[0].steps == (1, 1) and found[0].severity == "warning"
+
+
+def test_first_update_checked_against_config():
+    good = [6e-4 * min(1, k / 10) for k in range(1, 100)]
+    assert not codes(_run(good, _config(), {"total_steps": 99, "warmup_steps": 10}))
+    late = [6e-4 * min(1, (k - 1) / 10) for k in range(1, 100)]
+    findings = _run(late, _config(), {"total_steps": 99, "warmup_steps": 10})
+    assert "warmup_first_step" in codes(findings, "warning")
+    assert "lr_schedule_mismatch" not in codes(findings)
+
+
+def test_lr_schedule_mismatch_long_warmup(run_factory):
+    found = []
+    for seed in range(6):
+        run, _, findings = run_factory(seed, ("lr_schedule_mismatch",))
+        found.append("lr_schedule_mismatch" in codes(findings, "warning"))
+    assert all(found)
+
+
+def test_lr_restart_without_config():
+    lrs = [1e-3 * min(1, k / 50) for k in range(1, 1000)] + [1e-3 * min(1, k / 50) for k in range(1, 500)]
+    found = _find(_run(lrs), "lr_schedule_mismatch")
+    assert found and found[0].steps[0] == 1000
+
+
+def test_noise_warmup_that_does_nothing(run_factory):
+    _, _, findings = run_factory(2, ("noise_schedule_flat",))
+    assert "noise_schedule_flat" in codes(findings, "warning")
+
+
+def test_gamma_and_betas(run_factory):
+    _, _, findings = run_factory(4, ("loss_decay_gamma",))
+    gamma = _find(findings, "loss_decay_gamma")
+    assert gamma and gamma[0].evidence["expected_gamma"] in (4.0, 7.0)
+    _, _, findings = run_factory(4, ("optimizer_betas",))
+    betas = _find(findings, "optimizer_betas")
+    assert betas and betas[0].severity == "warning" and betas[0].evidence["beta2"] == 0.999
+
+
+def test_beta2_0999_without_spikes_is_only_info():
+    findings = _run([1e-4] * 50, _config(betas=[0.9, 0.999], schedule="constant", warmup_steps=0),
+                    {"total_steps": 50, "warmup_steps": 0})
+    assert [f.severity for f in _find(findings, "optimizer_betas")] == ["info"]

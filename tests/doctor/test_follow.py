@@ -1,0 +1,29 @@
+import json
+import threading
+import time
+
+from blockdraft.doctor.follow import follow
+
+
+def test_follow_picks_up_appended_lines(tmp_path):
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(json.dumps({"kind": "step", "step": i, "loss": 1.0, "skipped": False}) + "\n"
+                            for i in range(1, 20)))
+    lines: list[str] = []
+    done = threading.Event()
+
+    def writer():
+        with path.open("a") as fh:
+            fh.write(json.dumps({"kind": "step", "step": 20, "loss": float("nan"), "skipped": False})[:15])
+            fh.flush()
+            time.sleep(0.2)
+            fh.write(json.dumps({"kind": "step", "step": 20, "loss": float("nan"), "skipped": False})[15:] + "\n")
+            fh.write(json.dumps({"kind": "run_end", "step": 20, "status": "completed"}) + "\n")
+        done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    found = follow(str(path), {}, poll_s=0.05, emit=lines.append, stop=lambda: False)
+    thread.join()
+    assert [f.code for f in found] == ["nonfinite"]
+    assert len(lines) == 1 and "ERROR nonfinite" in lines[0]

@@ -1,0 +1,112 @@
+import json
+import math
+
+import numpy as np
+import pytest
+
+from blockdraft.doctor import records, synthetic
+from blockdraft.doctor.records import load_run, parse_log_bytes, parse_mapping
+from blockdraft.errors import UserError
+
+from .conftest import write_records
+
+
+def _step(step: int, **extra) -> dict:
+    rec = {"kind": "step", "time": 1000.0 + step, "step": step, "lr": 1e-4, "loss": 2.0, "acc": 0.1,
+           "buckets": [step % 3]}
+    rec.update(extra)
+    return rec
+
+
+def test_run_folder_means_its_log(tmp_path):
+    write_records(tmp_path / "log.jsonl", [_step(i) for i in range(1, 6)])
+    run = load_run(tmp_path)
+    assert len(run.steps) == 5
+    assert run.steps.steps.tolist() == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("make", ["missing", "empty_dir", "empty_file", "garbage"])
+def test_user_errors(tmp_path, make):
+    target = tmp_path / "x"
+    if make == "empty_dir":
+        target.mkdir()
+    elif make == "empty_file":
+        target.write_text("")
+    elif make == "garbage":
+        target.write_text("not json\nstill not\n")
+    with pytest.raises(UserError):
+        load_run(target)
+
+
+def test_truncated_last_line_is_dropped_not_fatal(tmp_path):
+    path = write_records(tmp_path / "log.jsonl", [_step(i) for i in range(1, 5)])
+    with path.open("a") as fh:
+        fh.write('{"kind": "step", "step": 5, "loss": 1.')
+    run = load_run(path)
+    assert len(run.steps) == 4
+    assert run.truncated_tail and run.bad_lines == 0
+
+
+def test_bad_line_in_the_middle_is_counted(tmp_path):
+    lines = [json.dumps(_step(i)) for i in range(1, 5)]
+    lines.insert(2, "{oops")
+    path = tmp_path / "log.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    run = load_run(path)
+    assert len(run.steps) == 4 and run.bad_lines == 1
+
+
+def test_missing_fields_are_nan_columns():
+    data = "".join(json.dumps({"kind": "step", "step": i, "loss": 1.0}) + "\n" for i in range(1, 4)).encode()
+    run = parse_log_bytes(data, {})
+    assert run.steps.has("loss") and not run.steps.has("acc")
+    assert np.isnan(run.steps.get("queue_depth")).all()
+
+
+def test_foreign_log_with_map_and_aliases():
+    recs = [{"global_step": i, "train/loss": 3.0 - i * 0.01, "learning_rate": 1e-4} for i in range(1, 50)]
+    data = "".join(json.dumps(r) + "\n" for r in recs).encode()
+    run = parse_log_bytes(data, parse_mapping("loss=train/loss,step=global_step"))
+    assert len(run.steps) == 49
+    assert run.steps.get("loss")[0] == pytest.approx(2.99)
+    assert run.steps.get("lr")[0] == pytest.approx(1e-4)  # alias learning_rate -> lr
+
+
+@pytest.mark.parametrize("text", ["loss", "=x", "loss="])
+def test_bad_mapping_is_a_user_error(text):
+    with pytest.raises(UserError):
+        parse_mapping(text)
+
+
+def test_fast_and_json_paths_agree(monkeypatch):
+    run = synthetic.generate(1, anomalies=["nonfinite", "skipped_steps"], n_steps=1500, style="ours")
+    recs = run.records
+    for r in recs[100:110]:
+        if r["kind"] == "step":
+            r["buckets"] = [1, 2, 2]
+    data = "".join(json.dumps(r) + "\n" for r in recs).encode()
+    fast = parse_log_bytes(data, {})
+    monkeypatch.setattr(records.fastjson, "PREFIXES", (b"@never",))
+    slow = parse_log_bytes(data, {})
+    assert len(fast.steps) == len(slow.steps)
+    for name in set(fast.steps.cols) | set(slow.steps.cols):
+        np.testing.assert_allclose(fast.steps.get(name), slow.steps.get(name), rtol=1e-6, err_msg=name)
+    np.testing.assert_array_equal(fast.steps.bucket, slow.steps.bucket)
+    np.testing.assert_array_equal(fast.steps.bucket_seq, slow.steps.bucket_seq)
+    assert fast.steps.skip_reasons == slow.steps.skip_reasons
+    assert (fast.steps.bucket == records.MIXED_BUCKET).sum() >= 1
+    assert fast.steps.nonfinite("loss").sum() == slow.steps.nonfinite("loss").sum() >= 1
+
+
+def test_nan_literal_counts_as_nonfinite_but_null_does_not():
+    data = (json.dumps(_step(1, loss=math.nan)) + "\n" + json.dumps(_step(2, loss=None)) + "\n").encode()
+    run = parse_log_bytes(data, {})
+    assert run.steps.nonfinite("loss").tolist() == [True, False]
+
+
+def test_resume_starts_a_new_segment():
+    recs = [_step(i) for i in range(1, 11)] + [{"kind": "run_start", "time": 2000, "step": 0, "resumed_from": 6}]
+    recs += [_step(i) for i in range(7, 12)]
+    data = "".join(json.dumps(r) + "\n" for r in recs).encode()
+    run = parse_log_bytes(data, {})
+    assert run.steps.segment.tolist() == [0] * 10 + [1] * 5

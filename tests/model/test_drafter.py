@@ -1,0 +1,92 @@
+"""Drafter outputs depend on exactly what the DFlash visibility rule allows, and on nothing else."""
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from blockdraft.model.drafter import DFlashDrafter, drafter_config
+from blockdraft.model.masks import dense_mask
+from blockdraft.model.target import Target
+
+B, T = 4, 24
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    tc = Qwen3Config(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                     num_key_value_heads=1, head_dim=16, intermediate_size=64)
+    target = Target(Qwen3ForCausalLM(tc).eval(), [0, 2])
+    drafter = DFlashDrafter(drafter_config(tc, 2, B, [0, 2], 63)).eval()
+    return target, drafter
+
+
+def block_outputs(target, drafter, ids, anchors):
+    taps, _ = target.features(ids)
+    ctx = drafter.fuse(taps)
+    n, a = anchors.shape
+    tokens = torch.full((n, a, B), 63)
+    tokens[:, :, 0] = torch.gather(ids, 1, anchors)
+    pos = (anchors[:, :, None] + torch.arange(B)).view(n, -1)
+    emb = target.embed_tokens(tokens.view(n, -1))
+    with torch.no_grad():
+        out = drafter(emb, pos, ctx, torch.arange(T)[None], dense_mask(anchors, T, B))
+    return out.view(n, a, B, -1)
+
+
+def test_block_ignores_context_at_or_after_its_anchor_and_other_blocks(models):
+    target, drafter = models
+    ids = torch.randint(0, 60, (1, T))
+    anchors = torch.tensor([[8, 14]])
+    base = block_outputs(target, drafter, ids, anchors)
+    for pos in (9, 12, 20):  # at/after block 0's anchor (8) but not the anchor token itself
+        changed = ids.clone()
+        changed[0, pos] = (changed[0, pos] + 1) % 60
+        out = block_outputs(target, drafter, changed, anchors)
+        torch.testing.assert_close(out[0, 0], base[0, 0])
+
+
+def test_block_sees_context_before_its_anchor(models):
+    target, drafter = models
+    ids = torch.randint(0, 60, (1, T))
+    anchors = torch.tensor([[8, 14]])
+    base = block_outputs(target, drafter, ids, anchors)
+    changed = ids.clone()
+    changed[0, 7] = (changed[0, 7] + 1) % 60
+    out = block_outputs(target, drafter, changed, anchors)
+    assert (out[0, 0] - base[0, 0]).abs().max() > 1e-4
+
+
+def test_blocks_are_isolated_even_when_anchors_are_adjacent(models):
+    target, drafter = models
+    ids = torch.randint(0, 60, (1, T))
+    alone = block_outputs(target, drafter, ids, torch.tensor([[10]]))
+    together = block_outputs(target, drafter, ids, torch.tensor([[10, 11]]))
+    torch.testing.assert_close(together[0, 0], alone[0, 0])
+
+
+def test_training_forward_equals_cached_decoding_forward(models):
+    """Training/serving parity: the masked all-blocks pass equals the KV-cached decoding pass."""
+    target, drafter = models
+    ids = torch.randint(0, 60, (1, T))
+    a = 13
+    train = block_outputs(target, drafter, ids, torch.tensor([[a]]))[0, 0]
+    taps, _ = target.features(ids[:, :a])
+    cache = []
+    tokens = torch.full((1, B), 63)
+    tokens[0, 0] = ids[0, a]
+    with torch.no_grad():
+        # context arrives in two pieces, as in decoding rounds
+        drafter(target.embed_tokens(tokens), torch.arange(a, a + B)[None], drafter.fuse(taps[:, :5]),
+                torch.arange(5)[None], None, cache)
+        infer = drafter(target.embed_tokens(tokens), torch.arange(a, a + B)[None], drafter.fuse(taps[:, 5:]),
+                        torch.arange(5, a)[None], None, cache)
+    torch.testing.assert_close(infer[0], train, atol=1e-5, rtol=1e-4)
+
+
+def test_config_has_one_layer_type_per_drafter_layer():
+    tc = Qwen3Config(num_hidden_layers=36, hidden_size=64, num_attention_heads=2, num_key_value_heads=1)
+    cfg = drafter_config(tc, 5, 16, [1, 9, 17, 25, 33], 7)
+    assert cfg.num_hidden_layers == 5 and len(cfg.layer_types) == 5
+    assert cfg.num_target_layers == 36 and cfg.block_size == 16
+    assert cfg.dflash_config == {"mask_token_id": 7, "target_layer_ids": [1, 9, 17, 25, 33]}

@@ -1,0 +1,38 @@
+"""Export: serving-format config and tensor names; loading an export back gives identical outputs."""
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from blockdraft.cli import main
+from blockdraft.model.export import load_drafter
+from blockdraft.train.loop import Trainer
+
+
+def test_export_round_trip_and_format(tiny_config, tmp_path):
+    cfg = tiny_config(train={"max_steps": 2, "save_every": 100})
+    trainer = Trainer(cfg, show_console=False)
+    trainer.run()
+    out = tmp_path / "export"
+    assert main(["export", str(cfg.train.out_dir), "--out", str(out), "--dtype", "float32"]) == 0
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
+    assert config["num_hidden_layers"] == cfg.drafter.num_layers == len(config["layer_types"])
+    assert config["block_size"] == cfg.drafter.block_size
+    assert config["num_target_layers"] == 4
+    assert config["dflash_config"]["target_layer_ids"] == trainer.drafter.target_layer_ids
+    assert config["dflash_config"]["mask_token_id"] == trainer.drafter.mask_token_id
+    names = set(load_file(out / "model.safetensors"))
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight"} <= names
+    assert not any("embed" in n or "lm_head" in n for n in names)
+
+    loaded = load_drafter(out)
+    torch.manual_seed(0)
+    n, t, q, h = 1, 9, 4, 32
+    args = (torch.randn(n, q, h), torch.arange(5, 9)[None], torch.randn(n, t, h), torch.arange(t)[None])
+    trainer.drafter.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(*args), trainer.drafter(*args), rtol=0, atol=0)
+    trainer.prefetcher.close()

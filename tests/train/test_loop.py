@@ -1,0 +1,105 @@
+"""The training loop: accumulation is exact, resume continues the identical loss sequence, the run
+folder and log hold what DESIGN.md promises."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from blockdraft.data import Batch
+from blockdraft.telemetry.log import read_log
+from blockdraft.train.checkpoint import MARKER, committed_checkpoints
+from blockdraft.train.loop import Trainer
+
+
+def _full_batch(trainer: Trainer, n: int, width: int, offset: int) -> Batch:
+    rows = []
+    i = offset
+    while len(rows) < n:
+        ids, _ = trainer.dataset.sample(i)
+        if len(ids) >= width:
+            rows.append(torch.tensor(ids[:width], dtype=torch.long))
+        i += 1
+    ids = torch.stack(rows)
+    return Batch(input_ids=ids, loss_mask=torch.ones_like(ids, dtype=torch.bool),
+                 lengths=torch.full((n,), width), sample_ids=list(range(n)), bucket=0, epoch=0,
+                 index_in_epoch=0, epoch_progress=0.0, real_tokens=n * width, padded_tokens=n * width)
+
+
+def test_two_micro_batches_equal_one_batch_of_both(tiny_config):
+    # num_anchors above T-B+1 selects every candidate: both layouts see the very same blocks
+    cfg = tiny_config(train={"num_anchors": 1000})
+    t1, t2 = Trainer(cfg, show_console=False), Trainer(cfg, show_console=False)
+    t2.drafter.load_state_dict(t1.drafter.state_dict())
+    width = 40
+    a, b = _full_batch(t1, 2, width, 0), _full_batch(t1, 3, width, 10)
+    both = dataclasses.replace(a, input_ids=torch.cat([a.input_ids, b.input_ids]),
+                               loss_mask=torch.cat([a.loss_mask, b.loss_mask]),
+                               lengths=torch.cat([a.lengths, b.lengths]))
+    r1 = t1.train_step([a, b])
+    r2 = t2.train_step([both])
+    assert r1["loss"] == pytest.approx(r2["loss"], rel=1e-5)
+    assert r1["loss_tokens"] == r2["loss_tokens"]
+    assert r1["grad_norm"] == pytest.approx(r2["grad_norm"], rel=1e-4)
+    for (name, p1), p2 in zip(t1.drafter.named_parameters(), t2.drafter.parameters(), strict=True):
+        torch.testing.assert_close(p1, p2, rtol=1e-4, atol=1e-6, msg=name)
+    for t in (t1, t2):
+        t.prefetcher.close()
+
+
+def test_resume_continues_the_identical_loss_sequence(tiny_config, monkeypatch):
+    full_cfg = tiny_config()
+    full = Trainer(full_cfg, show_console=False).run()
+    full_losses = [r["loss"] for r in read_log(full.run_dir / "log.jsonl") if r["kind"] == "step"]
+    assert len(full_losses) == 6
+
+    cfg = tiny_config(train={"out_dir": str(full.run_dir) + "-resumed"})
+    first = Trainer(cfg, show_console=False)
+    original = first.train_step
+
+    def stop_after_three(micro):
+        rec = original(micro)
+        if first.step == 3:
+            first._stop_reason = "SIGTERM"
+        return rec
+
+    monkeypatch.setattr(first, "train_step", stop_after_three)
+    assert first.run().status == "interrupted"
+    second = Trainer(cfg, resume=True, show_console=False)
+    assert second.step == 3
+    assert second.run().status == "completed"
+    records = read_log(second.run_dir / "log.jsonl")
+    resumed = [r["loss"] for r in records if r["kind"] == "step"]
+    assert resumed[:3] == full_losses[:3]
+    assert resumed[3:] == pytest.approx(full_losses[3:], rel=1e-6)
+    starts = [r for r in records if r["kind"] == "run_start"]
+    assert [s["resumed_from"] for s in starts] == [None, 3]
+
+
+def test_run_folder_and_records(tiny_config):
+    cfg = tiny_config()
+    result = Trainer(cfg, show_console=False).run()
+    run = result.run_dir
+    assert (run / "config.yaml").is_file()
+    ckpts = committed_checkpoints(run / "checkpoints")
+    assert [c.name for c in ckpts] == ["step-000003", "step-000006"]
+    assert all((c / MARKER).is_file() for c in ckpts)
+    assert (run / "checkpoints" / "latest").resolve() == ckpts[-1].resolve()
+    lines = (run / "log.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    kinds = [r["kind"] for r in records]
+    assert kinds[0] == "run_start" and kinds[1] == "data" and kinds[-1] == "run_end"
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    required = {"lr", "loss", "loss_tokens", "acc", "acc_per_pos", "streak", "tau_est", "grad_norm", "clipped",
+                "skipped", "skip_reason", "noise_std", "epoch", "epoch_progress", "progress", "samples", "tokens",
+                "pad_frac", "buckets", "seq_len_max", "anchors", "step_time", "data_wait", "queue_depth",
+                "tok_per_s", "mfu", "mem_gb", "time"}
+    for r in steps:
+        assert required <= r.keys()
+        assert len(r["acc_per_pos"]) == cfg.drafter.block_size - 1
+        assert r["tau_est"] == pytest.approx(1 + r["streak"])
+    assert steps[0]["lr"] == pytest.approx(cfg.optim.lr / 2)  # warmup_steps=2: update 1 uses peak/2
+    assert steps[1]["lr"] == pytest.approx(cfg.optim.lr)
+    assert records[-1]["status"] == "completed"
