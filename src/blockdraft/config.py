@@ -112,6 +112,17 @@ class EvalConfig(Section):
     prompt_tokens: int = Field(256, ge=1, description="prompt length cap for raw-text prompts")
 
 
+class GuardConfig(Section):
+    """The step guard (train/guard.py): a guarded step applies no update and does not advance the LR."""
+
+    enabled: bool = True
+    spike_k: float = Field(10.0, gt=0, description="spike when value > median + k * MAD of the bucket's window")
+    window: int = Field(200, ge=3, description="accepted steps remembered per length bucket")
+    min_history: int = Field(20, ge=3, description="no spike test until a bucket has this many accepted steps")
+    check_grad_norm: bool = Field(True, description="apply the spike test to the grad norm as well as the loss")
+    max_consecutive_skips: int = Field(5, ge=1, description="then roll back to the last committed checkpoint")
+
+
 class Config(Section):
     target: TargetConfig
     drafter: DrafterConfig = DrafterConfig()
@@ -121,6 +132,7 @@ class Config(Section):
     optim: OptimConfig = OptimConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
+    guard: GuardConfig = GuardConfig()
 
     @model_validator(mode="after")
     def _taps_unique(self) -> Config:

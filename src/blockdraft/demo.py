@@ -16,13 +16,13 @@ from importlib import resources
 from pathlib import Path
 
 ASSETS = resources.files("blockdraft") / "assets"
-# Updates per minute of budget, measured on the reference machines (README): a 2-core CPU and one H200.
-STEPS_PER_MINUTE = {"cpu": 55, "cuda": 1500}
+# Updates per minute of budget with the demo config: about 3 s an update on a 2-core CPU, 0.1 s on one H200.
+STEPS_PER_MINUTE = {"cpu": 20, "cuda": 500}
 CHUNK_CHARS = 1500
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--minutes", type=float, default=8.0, help="training budget in minutes (default 8)")
+    p.add_argument("--minutes", type=float, default=7.0, help="training budget in minutes (default 7)")
     p.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. drafter.num_layers=1")

@@ -12,8 +12,9 @@ from blockdraft.doctor import synthetic
 def logs(tmp_path_factory):
     root = tmp_path_factory.mktemp("logs")
     clean = synthetic.generate(21, n_steps=2500, style="ours").write(root / "clean.jsonl")
-    sick = synthetic.generate(21, anomalies=["homogeneous_batches", "nonfinite"], n_steps=2500,
-                              style="ours").write(root / "sick.jsonl")
+    sick = synthetic.generate(21, anomalies=["homogeneous_batches", "nonfinite"], n_steps=2500, style="ours").write(
+        root / "sick.jsonl"
+    )
     return clean, sick
 
 
@@ -23,8 +24,9 @@ def test_json_output_has_stable_keys(logs, capsys):
     assert found and all(set(f) == {"code", "severity", "steps", "summary", "evidence", "advice"} for f in found)
     assert found[0]["severity"] == "error"
     ranks = ["info", "warning", "error"]
-    assert [ranks.index(f["severity"]) for f in found] == sorted((ranks.index(f["severity"]) for f in found),
-                                                                 reverse=True)
+    assert [ranks.index(f["severity"]) for f in found] == sorted(
+        (ranks.index(f["severity"]) for f in found), reverse=True
+    )
 
 
 def test_fail_on(logs, capsys):
@@ -56,7 +58,9 @@ def test_follow_on_a_finished_log_returns(logs, capsys):
 
 
 def test_command_module_imports_nothing_heavy():
-    code = ("import sys; import blockdraft.doctor.command; "
-            "print(any(m in sys.modules for m in ('torch', 'numpy', 'matplotlib', 'rich')))")
+    code = (
+        "import sys; import blockdraft.doctor.command; "
+        "print(any(m in sys.modules for m in ('torch', 'numpy', 'matplotlib', 'rich')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

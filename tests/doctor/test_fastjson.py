@@ -19,9 +19,11 @@ def test_compact_separators_parse_in_bulk():
 
 
 def test_strings_and_nested_values_go_to_json():
-    recs = [{"kind": "step", "step": 1, "loss": 1.0, "skip_reason": "a \"quoted\": thing"},
-            {"kind": "step", "step": 2, "loss": 1.0, "extra": {"a": 1}},
-            {"kind": "step", "step": 3, "loss": 2.0, "skip_reason": None}]
+    recs = [
+        {"kind": "step", "step": 1, "loss": 1.0, "skip_reason": 'a "quoted": thing'},
+        {"kind": "step", "step": 2, "loss": 1.0, "extra": {"a": 1}},
+        {"kind": "step", "step": 3, "loss": 2.0, "skip_reason": None},
+    ]
     fast, slow, _ = fastjson.split_step_lines(_lines(recs), {})
     assert sorted(i for i, _ in slow) == [0, 1]
     assert fast.lines.tolist() == [2]
@@ -37,8 +39,10 @@ def test_other_kinds_and_truncated_tail_go_to_json():
 
 
 def test_literals_keep_their_meaning():
-    recs = [{"kind": "step", "step": i, "loss": v, "grad_norm": 0.5} for i, v in
-            enumerate([float("inf"), float("-inf"), float("nan"), None, True, 2.5], start=1)]
+    recs = [
+        {"kind": "step", "step": i, "loss": v, "grad_norm": 0.5}
+        for i, v in enumerate([float("inf"), float("-inf"), float("nan"), None, True, 2.5], start=1)
+    ]
     fast, slow, _ = fastjson.split_step_lines(_lines(recs), {})
     assert not slow
     loss = fast.cols["loss"]

@@ -7,8 +7,9 @@ from blockdraft.doctor.follow import follow
 
 def test_follow_picks_up_appended_lines(tmp_path):
     path = tmp_path / "log.jsonl"
-    path.write_text("".join(json.dumps({"kind": "step", "step": i, "loss": 1.0, "skipped": False}) + "\n"
-                            for i in range(1, 20)))
+    path.write_text(
+        "".join(json.dumps({"kind": "step", "step": i, "loss": 1.0, "skipped": False}) + "\n" for i in range(1, 20))
+    )
     lines: list[str] = []
     done = threading.Event()
 

@@ -5,8 +5,16 @@ from blockdraft.doctor.findings import at_least
 
 from .conftest import analyse
 
-INCIDENT = ("homogeneous_batches", "checkpoint_stall", "loss_decay_gamma", "optimizer_betas",
-            "noise_schedule_flat", "warmup_first_step", "epoch_accounting", "queue_drain")
+INCIDENT = (
+    "homogeneous_batches",
+    "checkpoint_stall",
+    "loss_decay_gamma",
+    "optimizer_betas",
+    "noise_schedule_flat",
+    "warmup_first_step",
+    "epoch_accounting",
+    "queue_drain",
+)
 
 
 def test_incident_shaped_run(tmp_path):

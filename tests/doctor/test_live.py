@@ -8,8 +8,16 @@ from blockdraft.doctor.live import LiveDoctor
 
 def _steps(n, **extra):
     for i in range(1, n + 1):
-        rec = {"kind": "step", "step": i, "time": float(i), "step_time": 1.0, "lr": 1e-4,
-               "loss": 2.0 + 0.01 * math.sin(i), "grad_norm": 0.5, "skipped": False}
+        rec = {
+            "kind": "step",
+            "step": i,
+            "time": float(i),
+            "step_time": 1.0,
+            "lr": 1e-4,
+            "loss": 2.0 + 0.01 * math.sin(i),
+            "grad_norm": 0.5,
+            "skipped": False,
+        }
         rec.update(extra)
         yield rec
 
@@ -34,8 +42,11 @@ def test_guarded_then_unguarded_escalates_once():
 
 
 def test_config_problems_reported_early():
-    config = {"optim": {"betas": [0.9, 0.95]}, "drafter": {"block_size": 16},
-              "loss": {"weighting": "exp_decay", "gamma": 4.0}}
+    config = {
+        "optim": {"betas": [0.9, 0.95]},
+        "drafter": {"block_size": 16},
+        "loss": {"weighting": "exp_decay", "gamma": 4.0},
+    }
     doctor = LiveDoctor(config=config)
     found = []
     for rec in _steps(5):

@@ -5,8 +5,9 @@ from .conftest import analyse
 
 
 def test_report_has_table_charts_and_shading(tmp_path):
-    log, findings = analyse(tmp_path, synthetic.generate(3, anomalies=["loss_spike", "checkpoint_stall"],
-                                                         n_steps=2000, style="ours"))
+    log, findings = analyse(
+        tmp_path, synthetic.generate(3, anomalies=["loss_spike", "checkpoint_stall"], n_steps=2000, style="ours")
+    )
     page = render(log, findings)
     assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
     assert "<table>" in page and "loss_spike" in page and "checkpoint_stall" in page

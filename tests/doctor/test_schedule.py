@@ -15,7 +15,11 @@ def test_noise_warmup_then_cosine():
 
     empty = np.zeros(0)
     table = StepTable(cols={"step": empty}, bucket=empty, bucket_seq=empty, bucket_row=empty, segment=empty)
-    run = RunLog(source="x", steps=table, run_start={"total_steps": 1000},
-                 config={"noise": {"std": 0.2, "warmup_steps": 100, "schedule": "cosine", "final_std": 0.0}})
+    run = RunLog(
+        source="x",
+        steps=table,
+        run_start={"total_steps": 1000},
+        config={"noise": {"std": 0.2, "warmup_steps": 100, "schedule": "cosine", "final_std": 0.0}},
+    )
     noise = schedule.expected_noise(run, np.array([1, 50, 1000]))
     assert np.isclose(noise[0], 0.2 * np.cos(0) * 0.01, atol=1e-3) and noise[1] < 0.11 and noise[2] < 1e-9

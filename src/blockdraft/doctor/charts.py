@@ -86,8 +86,15 @@ def metric_chart(run: RunLog, findings: list[Finding], name: str, title: str, lo
     if 1 < len(labels) <= len(BUCKET_COLORS) and len(x) <= 4 * MAX_POINTS:
         for b in labels:
             sel = buckets == b
-            ax.plot(x[sel], y[sel], ".", ms=1.5, color=BUCKET_COLORS[int(b) % len(BUCKET_COLORS)],
-                    label=f"bucket {b}", alpha=0.6)
+            ax.plot(
+                x[sel],
+                y[sel],
+                ".",
+                ms=1.5,
+                color=BUCKET_COLORS[int(b) % len(BUCKET_COLORS)],
+                label=f"bucket {b}",
+                alpha=0.6,
+            )
         ax.legend(loc="upper right", fontsize=7, markerscale=5, ncol=min(6, len(labels)))
     else:
         xm, ym = _reduce(x, y)
@@ -98,10 +105,20 @@ def metric_chart(run: RunLog, findings: list[Finding], name: str, title: str, lo
             ax.legend(loc="upper right", fontsize=7)
     if log_y and np.nanmin(np.where(y > 0, y, np.nan)) > 0:
         ax.set_yscale("log")
-    codes = {"loss": ("loss_spike", "window_artifact", "accuracy_cliff", "nonfinite", "checkpoint_stall",
-                      "logging_gap", "skipped_steps", "plateau"),
-             "acc": ("accuracy_cliff", "loss_spike", "nonfinite", "plateau"),
-             "grad_norm": ("loss_spike", "nonfinite", "skipped_steps")}.get(name)
+    codes = {
+        "loss": (
+            "loss_spike",
+            "window_artifact",
+            "accuracy_cliff",
+            "nonfinite",
+            "checkpoint_stall",
+            "logging_gap",
+            "skipped_steps",
+            "plateau",
+        ),
+        "acc": ("accuracy_cliff", "loss_spike", "nonfinite", "plateau"),
+        "grad_norm": ("loss_spike", "nonfinite", "skipped_steps"),
+    }.get(name)
     _shade(ax, findings, codes)
     return _png(fig)
 
@@ -194,14 +211,20 @@ def bucket_chart(run: RunLog) -> bytes | None:
     steps = t.steps[t.bucket_row[lo:hi]]
     colors = [BUCKET_COLORS[int(b) % len(BUCKET_COLORS)] for b in seq[lo:hi]]
     ax.scatter(steps + np.linspace(0, 0.8, hi - lo) % 1, seq[lo:hi], c=colors, s=8, marker="s")
-    ax.set_title(f"bucket of each batch, micro-batches {lo}..{hi} (around the longest same-bucket run, "
-                 f"{lengths.max()} long)", loc="left", fontsize=10)
+    ax.set_title(
+        f"bucket of each batch, micro-batches {lo}..{hi} (around the longest same-bucket run, {lengths.max()} long)",
+        loc="left",
+        fontsize=10,
+    )
     ax.set_xlabel("step")
     ax.set_ylabel("bucket")
     ax.grid(alpha=0.3)
     counts = np.bincount(seq[seq >= 0])
-    ax2.bar(np.arange(len(counts)), counts / counts.sum(),
-            color=[BUCKET_COLORS[i % len(BUCKET_COLORS)] for i in range(len(counts))])
+    ax2.bar(
+        np.arange(len(counts)),
+        counts / counts.sum(),
+        color=[BUCKET_COLORS[i % len(BUCKET_COLORS)] for i in range(len(counts))],
+    )
     ax2.set_title("share of batches", fontsize=10)
     ax2.set_xlabel("bucket")
     return _png(fig)
@@ -225,8 +248,14 @@ def bucket_hist_chart(run: RunLog) -> bytes | None:
         if label < 0:
             continue
         sel = ok & (fit.groups == j)
-        ax.hist(rel[sel], bins=bins, histtype="step", lw=1.2, color=BUCKET_COLORS[int(label) % len(BUCKET_COLORS)],
-                label=f"bucket {label} (n={int(sel.sum())})")
+        ax.hist(
+            rel[sel],
+            bins=bins,
+            histtype="step",
+            lw=1.2,
+            color=BUCKET_COLORS[int(label) % len(BUCKET_COLORS)],
+            label=f"bucket {label} (n={int(sel.sum())})",
+        )
     ax.legend(fontsize=7)
     return _png(fig)
 
@@ -240,7 +269,13 @@ def eval_chart(run: RunLog) -> bytes | None:
         x, y = _reduce(run.steps.steps, run.steps.get("tau_est"))
         ax.plot(x, y, lw=0.7, label="tau_est (training)")
     if evals:
-        ax.plot([r["step"] for r in evals], [r["tau"] for r in evals], "o-", color="black", ms=4,
-                label="tau (speculative decoding)")
+        ax.plot(
+            [r["step"] for r in evals],
+            [r["tau"] for r in evals],
+            "o-",
+            color="black",
+            ms=4,
+            label="tau (speculative decoding)",
+        )
     ax.legend(fontsize=7)
     return _png(fig)

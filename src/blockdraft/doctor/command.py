@@ -16,12 +16,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", metavar="RUN_DIR_OR_LOG", help="a run folder (its log.jsonl) or a JSONL log file")
     parser.add_argument("--json", action="store_true", help="print the findings as a JSON list instead of a table")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with charts")
-    parser.add_argument("--fail-on", choices=LEVELS, metavar="LEVEL",
-                        help="exit 1 if any finding is at least this severe (info|warning|error)")
-    parser.add_argument("--map", dest="mapping", metavar="OURS=THEIRS,...",
-                        help="read a foreign log: e.g. loss=train/loss,acc=train/acc,step=global_step")
-    parser.add_argument("--follow", action="store_true",
-                        help="keep watching a growing log and print new findings as they appear")
+    parser.add_argument(
+        "--fail-on",
+        choices=LEVELS,
+        metavar="LEVEL",
+        help="exit 1 if any finding is at least this severe (info|warning|error)",
+    )
+    parser.add_argument(
+        "--map",
+        dest="mapping",
+        metavar="OURS=THEIRS,...",
+        help="read a foreign log: e.g. loss=train/loss,acc=train/acc,step=global_step",
+    )
+    parser.add_argument(
+        "--follow", action="store_true", help="keep watching a growing log and print new findings as they appear"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -80,8 +80,12 @@ def print_report(run: RunLog, findings: list[Finding], console: Any = None) -> N
         table.add_column("finding")
         for f in findings:
             steps = f"{f.steps[0]}" if f.steps[0] == f.steps[1] else f"{f.steps[0]}-{f.steps[1]}"
-            table.add_row(Text(f.severity, style=STYLE[f.severity]), f.code, steps,
-                          Text(f.summary) + Text(f"\n-> {f.advice}", style="dim"))
+            table.add_row(
+                Text(f.severity, style=STYLE[f.severity]),
+                f.code,
+                steps,
+                Text(f.summary) + Text(f"\n-> {f.advice}", style="dim"),
+            )
         console.print(table)
         counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
         console.print(", ".join(f"{n} {s}" for s, n in counts.items() if n))

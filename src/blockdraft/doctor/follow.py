@@ -34,7 +34,7 @@ def follow(
             emit(json.dumps(f.to_dict()) if as_json else finding_line(f))
         doctor = LiveDoctor(run_start=run.run_start, mapping=mapping, min_severity="info")
         doctor.mark_reported(shown)
-        tail = data[:offset].splitlines()[-doctor.window:]
+        tail = data[:offset].splitlines()[-doctor.window :]
         doctor.prime([json.loads(line) for line in tail if line.strip().startswith(b"{") and _valid(line)])
         if run.of_kind("run_end") and run.of_kind("run_end")[-1].get("_line", -1) >= _last_line(data[:offset]):
             return shown

@@ -156,8 +156,9 @@ def _nonfinite(value: object) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
-def tail_records(path: Path, poll_s: float = 1.0, stop: Callable[[], bool] | None = None,
-                 start_at: int = 0) -> Iterator[dict[str, Any]]:
+def tail_records(
+    path: Path, poll_s: float = 1.0, stop: Callable[[], bool] | None = None, start_at: int = 0
+) -> Iterator[dict[str, Any]]:
     """Yield records appended to `path` from byte `start_at` on; a partial last line waits for its end."""
     pending = b""
     offset = start_at

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,26 @@ from blockdraft.doctor import fastjson
 from blockdraft.errors import UserError
 
 STEP_FIELDS = (
-    "step", "time", "lr", "loss", "acc", "tau_est", "grad_norm", "skipped", "noise_std", "epoch",
-    "epoch_progress", "progress", "tokens", "seq_len_max", "step_time", "data_wait", "queue_depth",
-    "tok_per_s", "kl", "window",
+    "step",
+    "time",
+    "lr",
+    "loss",
+    "acc",
+    "tau_est",
+    "grad_norm",
+    "skipped",
+    "noise_std",
+    "epoch",
+    "epoch_progress",
+    "progress",
+    "tokens",
+    "seq_len_max",
+    "step_time",
+    "data_wait",
+    "queue_depth",
+    "tok_per_s",
+    "kl",
+    "window",
 )
 LIST_FIELDS = ("buckets", "acc_per_pos")
 KNOWN_KINDS = ("run_start", "step", "checkpoint", "eval", "skip", "rollback", "data", "warning", "run_end")
@@ -52,6 +70,7 @@ class StepTable:
     segment: np.ndarray
     skip_reasons: dict[int, str] = field(default_factory=dict)
     acc_per_pos: np.ndarray | None = None
+    lazy: dict[str, Callable[[], np.ndarray]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.segment)
@@ -67,12 +86,17 @@ class StepTable:
 
     def has(self, name: str) -> bool:
         """True when the column exists and holds at least one finite value."""
-        col = self.cols.get(name)
+        col = self._column(name)
         return col is not None and bool(np.isfinite(col).any())
 
     def get(self, name: str) -> np.ndarray:
-        col = self.cols.get(name)
+        col = self._column(name)
         return col if col is not None else np.full(len(self), np.nan)
+
+    def _column(self, name: str) -> np.ndarray | None:
+        if name not in self.cols and name in self.lazy:
+            self.cols[name] = self.lazy.pop(name)()
+        return self.cols.get(name)
 
     @property
     def steps(self) -> np.ndarray:
@@ -175,19 +199,25 @@ def parse_log_bytes(data: bytes, mapping: dict[str, str], source: str = "<memory
         decoded.append((line_no, rec))
     if bad_lines and bad_lines > 0.5 * max(1, line_count):
         raise UserError(f"{source}: {bad_lines} of {line_count} lines are not JSON objects")
-    run = _assemble(decoded, mapping, fast_rows, source)
+    run = _assemble(decoded, mapping, fast_rows, source, data)
     run.bad_lines, run.truncated_tail = bad_lines, truncated
     return run
 
 
-def run_from_records(recs: list[dict[str, Any]], mapping: dict[str, str] | None = None,
-                     source: str = "<live>") -> RunLog:
+def run_from_records(
+    recs: list[dict[str, Any]], mapping: dict[str, str] | None = None, source: str = "<live>"
+) -> RunLog:
     """A RunLog from already-decoded records (the live doctor's window)."""
     return _assemble([(i, dict(r)) for i, r in enumerate(recs)], mapping or {}, None, source)
 
 
-def _assemble(decoded: list[tuple[int, dict[str, Any]]], mapping: dict[str, str],
-              fast_rows: fastjson.FastRows | None, source: str) -> RunLog:
+def _assemble(
+    decoded: list[tuple[int, dict[str, Any]]],
+    mapping: dict[str, str],
+    fast_rows: fastjson.FastRows | None,
+    source: str,
+    data: bytes | None = None,
+) -> RunLog:
     records: dict[str, list[dict[str, Any]]] = {}
     step_dicts: list[tuple[int, dict[str, Any]]] = []
     for line_no, rec in decoded:
@@ -200,7 +230,7 @@ def _assemble(decoded: list[tuple[int, dict[str, Any]]], mapping: dict[str, str]
         elif isinstance(kind, str):
             rec["_line"] = line_no
             records.setdefault(kind, []).append(rec)
-    table = _build_table(fast_rows, step_dicts, records)
+    table = _build_table(fast_rows, step_dicts, records, data)
     run_start = records["run_start"][-1] if records.get("run_start") else None
     config = run_start.get("config") if run_start else None
     return RunLog(
@@ -268,6 +298,7 @@ def _build_table(
     fast: fastjson.FastRows | None,
     step_dicts: list[tuple[int, dict[str, Any]]],
     records: dict[str, list[dict[str, Any]]],
+    data: bytes | None = None,
 ) -> StepTable:
     """Merge fast-parsed and json-parsed step rows back into file order."""
     slow_cols = _slow_columns(step_dicts)
@@ -290,10 +321,12 @@ def _build_table(
         lines = np.concatenate([fast.lines, slow_lines])
         n_slow = len(slow_lines)
         cols = {
-            name: np.concatenate([
-                fast.cols.get(name, np.full(n_fast, np.nan)),
-                slow_cols.get(name, np.full(n_slow, np.nan)),
-            ])
+            name: np.concatenate(
+                [
+                    fast.cols.get(name, np.full(n_fast, np.nan)),
+                    slow_cols.get(name, np.full(n_slow, np.nan)),
+                ]
+            )
             for name in set(fast.cols) | set(slow_cols)
         }
         single = np.concatenate([fast.single_bucket, slow_single])
@@ -307,6 +340,7 @@ def _build_table(
     inverse[order] = np.arange(len(order))
     if not np.array_equal(order, np.arange(len(order))):
         cols = {name: col[order] for name, col in cols.items()}
+    lazy = {name: _lazy_column(data, cols, name) for name in fastjson.LAZY if name + fastjson.SPAN_START in cols}
     if "step" not in cols or not np.isfinite(cols["step"]).any():
         cols["step"] = np.arange(1, len(order) + 1, dtype=np.float64)
     bucket, bucket_seq, bucket_row = _bucket_columns(single[order], {int(inverse[i]): v for i, v in multi.items()})
@@ -325,7 +359,23 @@ def _build_table(
         segment=_segments(cols["step"], lines[order], records),
         skip_reasons=reasons,
         acc_per_pos=acc_pos,
+        lazy=lazy,
     )
+
+
+def _lazy_column(data: bytes | None, cols: dict[str, np.ndarray], name: str) -> Callable[[], np.ndarray]:
+    """Take a lazy column's byte spans out of `cols`; the thunk parses them (rows from json keep theirs)."""
+    starts, ends = cols.pop(name + fastjson.SPAN_START), cols.pop(name + fastjson.SPAN_END)
+    parsed = cols.pop(name, None)
+
+    def load() -> np.ndarray:
+        out = parsed.copy() if parsed is not None else np.full(len(starts), np.nan)
+        rows = np.flatnonzero(np.isfinite(starts))
+        if len(rows) and data is not None:
+            out[rows] = fastjson.parse_spans(data, starts[rows], ends[rows], name)
+        return out
+
+    return load
 
 
 def _bucket_list(value: Any) -> list[int]:

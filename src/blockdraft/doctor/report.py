@@ -44,12 +44,10 @@ def render(run: RunLog, findings: list[Finding]) -> str:
     if missing:
         items = "; ".join(f"{html.escape(c)} (needs {html.escape(m)})" for c, m in missing.items())
         parts.append(f"<p class='meta'>Not checked on this log: {items}</p>")
-    parts.append("<h2>Charts</h2><p class='meta'>Shaded: the steps of warning (orange) and error (red) findings."
-                 "</p>")
+    parts.append("<h2>Charts</h2><p class='meta'>Shaded: the steps of warning (orange) and error (red) findings.</p>")
     for caption, png in _charts(run, findings):
         data = base64.b64encode(png).decode("ascii")
-        parts.append(f"<div class='chart'><img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'>"
-                     "</div>")
+        parts.append(f"<div class='chart'><img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'></div>")
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -39,8 +39,9 @@ def warmup_steps(run: RunLog) -> int | None:
     return None
 
 
-def lr_curve(k: np.ndarray, peak: float, warmup: int, total: int, schedule: str, min_ratio: float,
-             decay_from_zero: bool = False) -> np.ndarray:
+def lr_curve(
+    k: np.ndarray, peak: float, warmup: int, total: int, schedule: str, min_ratio: float, decay_from_zero: bool = False
+) -> np.ndarray:
     """The LR at updates k; `decay_from_zero` measures decay progress as k/total (another common form)."""
     k = np.asarray(k, dtype=float)
     if decay_from_zero:

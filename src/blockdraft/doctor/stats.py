@@ -36,7 +36,7 @@ def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
             meds.append(_nanmedian_rows(head))
         centres.append(np.arange(full) * size + (size - 1) / 2.0)
     if n - full * size:
-        tail = x[full * size:]
+        tail = x[full * size :]
         meds.append(np.array([np.nanmedian(tail) if np.isfinite(tail).any() else np.nan]))
         centres.append(np.array([full * size + (n - full * size - 1) / 2.0]))
     return np.concatenate(meds), np.concatenate(centres)
@@ -134,7 +134,7 @@ def transition_offsets(
     idx = np.flatnonzero(long_both)[:max_loop]
     for i in idx:
         lo = max(starts[i], left_end[i] - 4)
-        jump[i] = np.nanmedian(y[right[i]:right[i] + 5]) - np.nanmedian(y[lo:left_end[i] + 1])
+        jump[i] = np.nanmedian(y[right[i] : right[i] + 5]) - np.nanmedian(y[lo : left_end[i] + 1])
     good = np.isfinite(jump)
     if segment is not None:
         good &= segment[right] == segment[left_end]

@@ -19,13 +19,35 @@ from typing import Any
 import numpy as np
 
 ANOMALIES = (
-    "loss_spike", "accuracy_cliff", "nonfinite", "skipped_steps", "checkpoint_stall", "logging_gap",
-    "window_artifact", "homogeneous_batches", "warmup_first_step", "lr_schedule_mismatch",
-    "noise_schedule_flat", "optimizer_betas", "loss_decay_gamma", "queue_drain", "data_wait",
-    "throughput_drift", "epoch_accounting", "plateau", "tau_gap",
+    "loss_spike",
+    "accuracy_cliff",
+    "nonfinite",
+    "skipped_steps",
+    "checkpoint_stall",
+    "logging_gap",
+    "window_artifact",
+    "homogeneous_batches",
+    "warmup_first_step",
+    "lr_schedule_mismatch",
+    "noise_schedule_flat",
+    "optimizer_betas",
+    "loss_decay_gamma",
+    "queue_drain",
+    "data_wait",
+    "throughput_drift",
+    "epoch_accounting",
+    "plateau",
+    "tau_gap",
 )
-FOREIGN_OK = ("loss_spike", "accuracy_cliff", "nonfinite", "logging_gap", "warmup_first_step", "plateau",
-              "throughput_drift")
+FOREIGN_OK = (
+    "loss_spike",
+    "accuracy_cliff",
+    "nonfinite",
+    "logging_gap",
+    "warmup_first_step",
+    "plateau",
+    "throughput_drift",
+)
 FOREIGN_MAP = "loss=train/loss,acc=train/acc,step=global_step,lr=train/lr"
 BOUNDARIES = (0, 770, 1216, 1728, 2432, 3296, 8192)
 
@@ -109,8 +131,12 @@ class _Sim:
         self.min_lr_ratio = float(rng.choice([0.0, 0.1]))
         self.noise = {"std": 0.0, "warmup_steps": 0, "schedule": "constant", "final_std": 0.0}
         if rng.random() < 0.5:
-            self.noise = {"std": float(rng.uniform(0.02, 0.2)), "warmup_steps": int(rng.integers(0, 500)),
-                          "schedule": str(rng.choice(["constant", "cosine"])), "final_std": 0.0}
+            self.noise = {
+                "std": float(rng.uniform(0.02, 0.2)),
+                "warmup_steps": int(rng.integers(0, 500)),
+                "schedule": str(rng.choice(["constant", "cosine"])),
+                "final_std": 0.0,
+            }
         self.betas = [0.9, float(rng.choice([0.95, 0.98, 0.99]))]
         self.gamma: float | None = None if rng.random() < 0.6 else default_gamma(self.block_size)
         self.save_every = int(rng.choice([250, 500, 1000, 2000]))
@@ -246,7 +272,8 @@ class _Sim:
     def plant_checkpoint_stall(self) -> None:
         rng = self.rng
         stalled = [s for s in self.ckpt_stall if rng.random() < 0.7 and s < self.n - 100] or [
-            s for s in self.ckpt_stall if s < self.n - 100][:1]
+            s for s in self.ckpt_stall if s < self.n - 100
+        ][:1]
         if not stalled:
             s = self._where()
             self.ckpt_stall[s] = 0.5
@@ -257,7 +284,7 @@ class _Sim:
             self.ckpt_stall[s] = 0.0 if logging_only else seconds
             if logging_only:
                 lost = min(max(3, int(seconds / np.median(self.step_time))), self.n - s - 50)
-                self.missing[s:s + lost] = True
+                self.missing[s : s + lost] = True
                 self.ckpt_logging_only.add(s)
             else:
                 self.extra_gap[s] += seconds
@@ -270,7 +297,7 @@ class _Sim:
             s = self._where()
         if rng.random() < 0.5:
             m = int(rng.integers(10, 200))
-            self.missing[s:s + m] = True
+            self.missing[s : s + m] = True
             self.planted.append(Planted("logging_gap", (s, s + m + 1), "warning"))
         else:
             self.extra_gap[s] += float(rng.uniform(30, 300)) + 30 * self.base_step_time
@@ -318,8 +345,12 @@ class _Sim:
 
     def plant_noise_schedule_flat(self) -> None:
         rng = self.rng
-        self.noise = {"std": float(rng.uniform(0.05, 0.2)), "warmup_steps": int(rng.integers(200, 1000)),
-                      "schedule": str(rng.choice(["constant", "cosine"])), "final_std": 0.0}
+        self.noise = {
+            "std": float(rng.uniform(0.05, 0.2)),
+            "warmup_steps": int(rng.integers(200, 1000)),
+            "schedule": str(rng.choice(["constant", "cosine"])),
+            "final_std": 0.0,
+        }
         self.noise_flat = True
         self.planted.append(Planted("noise_schedule_flat", (1, self.n)))
 
@@ -379,8 +410,14 @@ class _Sim:
         k = self.k
         variant = getattr(self, "lr_mismatch", None)
         if variant == "long_warmup":
-            lr = _schedule(k, self.lr_peak, self.warmup * int(self.rng.integers(5, 9)), self.total,
-                           self.schedule, self.min_lr_ratio)
+            lr = _schedule(
+                k,
+                self.lr_peak,
+                self.warmup * int(self.rng.integers(5, 9)),
+                self.total,
+                self.schedule,
+                self.min_lr_ratio,
+            )
         elif variant == "constant":
             lr = _schedule(k, self.lr_peak, self.warmup, self.total, "constant", 0.0)
         else:
@@ -437,11 +474,26 @@ class _Sim:
         pos_w = 0.92 ** np.arange(self.block_size - 1)
         pos_w = pos_w / pos_w.mean()
         grad = self.grad
-        lists = {name: arr.tolist() for name, arr in {
-            "lr": lr, "loss": loss, "acc": acc, "grad": grad, "noise": noise, "epoch": epoch,
-            "ep": epoch_progress, "progress": progress, "time": time, "st": self.step_time, "dw": self.data_wait,
-            "queue": self.queue, "tokens": self.tokens, "tps": tok_s, "seq": self.seq_len,
-        }.items()}
+        lists = {
+            name: arr.tolist()
+            for name, arr in {
+                "lr": lr,
+                "loss": loss,
+                "acc": acc,
+                "grad": grad,
+                "noise": noise,
+                "epoch": epoch,
+                "ep": epoch_progress,
+                "progress": progress,
+                "time": time,
+                "st": self.step_time,
+                "dw": self.data_wait,
+                "queue": self.queue,
+                "tokens": self.tokens,
+                "tps": tok_s,
+                "seq": self.seq_len,
+            }.items()
+        }
         buckets = steps_b.tolist()
         resume_from = None
         i = 0
@@ -449,8 +501,15 @@ class _Sim:
             step = i + 1
             if self.resume_at is not None and step == self.resume_at and resume_from is None:
                 resume_from = (step // self.save_every) * self.save_every
-                records.append({"kind": "run_end", "time": lists["time"][i - 1] + 1, "step": i,
-                                "status": "interrupted", "reason": "preempted"})
+                records.append(
+                    {
+                        "kind": "run_end",
+                        "time": lists["time"][i - 1] + 1,
+                        "step": i,
+                        "status": "interrupted",
+                        "reason": "preempted",
+                    }
+                )
                 start = self._run_start(lists["time"][i] + 600.0)
                 start["resumed_from"] = resume_from
                 records.append(start)
@@ -462,18 +521,43 @@ class _Sim:
             if not self.missing[i]:
                 records.append(self._step_record(i, step, lists, buckets[i], pos_w))
             if step in self.ckpt_stall:
-                records.append({"kind": "checkpoint", "time": lists["time"][i] + 0.5, "step": step,
-                                "path": f"checkpoints/step-{step:06d}", "stall_s": self.ckpt_stall[step],
-                                "write_s": float(rng.uniform(2, 30)), "bytes": 123456789, "committed": True})
+                records.append(
+                    {
+                        "kind": "checkpoint",
+                        "time": lists["time"][i] + 0.5,
+                        "step": step,
+                        "path": f"checkpoints/step-{step:06d}",
+                        "stall_s": self.ckpt_stall[step],
+                        "write_s": float(rng.uniform(2, 30)),
+                        "bytes": 123456789,
+                        "committed": True,
+                    }
+                )
             if step in evals:
-                tau_est = 1.0 + float(np.mean(self._streak(np.array(lists["acc"][max(0, i - 50):i + 1]))))
-                records.append({"kind": "eval", "time": lists["time"][i] + evals[step], "step": step,
-                                "tau": tau_est * self.tau_factor * float(rng.uniform(0.97, 1.03)),
-                                "tau_hist": [], "prompts": 16, "mode": "path", "budget": None,
-                                "tau_est_train": tau_est})
+                tau_est = 1.0 + float(np.mean(self._streak(np.array(lists["acc"][max(0, i - 50) : i + 1]))))
+                records.append(
+                    {
+                        "kind": "eval",
+                        "time": lists["time"][i] + evals[step],
+                        "step": step,
+                        "tau": tau_est * self.tau_factor * float(rng.uniform(0.97, 1.03)),
+                        "tau_hist": [],
+                        "prompts": 16,
+                        "mode": "path",
+                        "budget": None,
+                        "tau_est_train": tau_est,
+                    }
+                )
             i += 1
-        records.append({"kind": "run_end", "time": lists["time"][-1] + 1, "step": n,
-                        "status": "completed" if self.total == n else "interrupted", "reason": None})
+        records.append(
+            {
+                "kind": "run_end",
+                "time": lists["time"][-1] + 1,
+                "step": n,
+                "status": "completed" if self.total == n else "interrupted",
+                "reason": None,
+            }
+        )
         if self.style == "windowed":
             records = self._windowed(records)
         elif self.style == "foreign":
@@ -490,48 +574,116 @@ class _Sim:
         streak = float(self._streak(np.array([acc]))[0]) if math.isfinite(acc) else None
         skipped = bool(self.skipped[i])
         return {
-            "kind": "step", "time": lists["time"][i], "step": step, "lr": lists["lr"][i],
-            "loss": lists["loss"][i], "loss_tokens": int(lists["tokens"][i] * 0.6), "acc": acc,
-            "acc_per_pos": [round(acc * w, 5) for w in pos_w.tolist()], "streak": streak,
-            "tau_est": None if streak is None else 1.0 + streak, "grad_norm": lists["grad"][i],
-            "clipped": bool(lists["grad"][i] > self.grad_clip), "skipped": skipped,
-            "skip_reason": self.skip_reason.get(i) if skipped else None, "noise_std": lists["noise"][i],
-            "epoch": int(lists["epoch"][i]), "epoch_progress": lists["ep"][i], "progress": lists["progress"][i],
-            "samples": 8, "tokens": int(lists["tokens"][i]), "pad_frac": 0.05, "buckets": buckets,
-            "seq_len_max": int(lists["seq"][i]), "anchors": 512, "step_time": lists["st"][i],
-            "data_wait": lists["dw"][i], "queue_depth": int(lists["queue"][i]), "tok_per_s": lists["tps"][i],
-            "mfu": None, "mem_gb": None,
+            "kind": "step",
+            "time": lists["time"][i],
+            "step": step,
+            "lr": lists["lr"][i],
+            "loss": lists["loss"][i],
+            "loss_tokens": int(lists["tokens"][i] * 0.6),
+            "acc": acc,
+            "acc_per_pos": [round(acc * w, 5) for w in pos_w.tolist()],
+            "streak": streak,
+            "tau_est": None if streak is None else 1.0 + streak,
+            "grad_norm": lists["grad"][i],
+            "clipped": bool(lists["grad"][i] > self.grad_clip),
+            "skipped": skipped,
+            "skip_reason": self.skip_reason.get(i) if skipped else None,
+            "noise_std": lists["noise"][i],
+            "epoch": int(lists["epoch"][i]),
+            "epoch_progress": lists["ep"][i],
+            "progress": lists["progress"][i],
+            "samples": 8,
+            "tokens": int(lists["tokens"][i]),
+            "pad_frac": 0.05,
+            "buckets": buckets,
+            "seq_len_max": int(lists["seq"][i]),
+            "anchors": 512,
+            "step_time": lists["st"][i],
+            "data_wait": lists["dw"][i],
+            "queue_depth": int(lists["queue"][i]),
+            "tok_per_s": lists["tps"][i],
+            "mfu": None,
+            "mem_gb": None,
         }
 
     def _run_start(self, time: float) -> dict[str, Any]:
         config = {
             "target": {"path": "synthetic/target", "dtype": "auto"},
-            "drafter": {"num_layers": 5, "block_size": self.block_size, "target_layer_ids": None, "num_taps": 5,
-                        "mask_token_id": None, "intermediate_size": None},
-            "data": {"max_len": 8192, "buckets": list(BOUNDARIES), "tokens_per_batch": 12288,
-                     "max_same_bucket_run": 3, "interleave": "homogeneous_batches" not in self.anomalies,
-                     "prefetch_depth": self.prefetch},
-            "loss": {"weighting": "exp_decay", "gamma": self.gamma, "streak_floor": 0.05, "labels": "data",
-                     "kl_weight": 0.0, "kl_temperature": 1.0, "logits_chunk": 4096},
+            "drafter": {
+                "num_layers": 5,
+                "block_size": self.block_size,
+                "target_layer_ids": None,
+                "num_taps": 5,
+                "mask_token_id": None,
+                "intermediate_size": None,
+            },
+            "data": {
+                "max_len": 8192,
+                "buckets": list(BOUNDARIES),
+                "tokens_per_batch": 12288,
+                "max_same_bucket_run": 3,
+                "interleave": "homogeneous_batches" not in self.anomalies,
+                "prefetch_depth": self.prefetch,
+            },
+            "loss": {
+                "weighting": "exp_decay",
+                "gamma": self.gamma,
+                "streak_floor": 0.05,
+                "labels": "data",
+                "kl_weight": 0.0,
+                "kl_temperature": 1.0,
+                "logits_chunk": 4096,
+            },
             "noise": dict(self.noise),
-            "optim": {"lr": self.lr_peak, "betas": list(self.betas), "eps": 1e-8, "weight_decay": 0.0,
-                      "warmup_ratio": self.warmup / self.total, "warmup_steps": self.warmup,
-                      "schedule": self.schedule, "min_lr_ratio": self.min_lr_ratio, "grad_clip": self.grad_clip},
-            "train": {"epochs": self.epochs, "max_steps": None, "grad_accum": self.mb, "save_every": self.save_every,
-                      "eval_every": self.eval_every or None},
+            "optim": {
+                "lr": self.lr_peak,
+                "betas": list(self.betas),
+                "eps": 1e-8,
+                "weight_decay": 0.0,
+                "warmup_ratio": self.warmup / self.total,
+                "warmup_steps": self.warmup,
+                "schedule": self.schedule,
+                "min_lr_ratio": self.min_lr_ratio,
+                "grad_clip": self.grad_clip,
+            },
+            "train": {
+                "epochs": self.epochs,
+                "max_steps": None,
+                "grad_accum": self.mb,
+                "save_every": self.save_every,
+                "eval_every": self.eval_every or None,
+            },
         }
-        return {"kind": "run_start", "time": time, "step": 0, "schema": 1, "config": config,
-                "versions": {"blockdraft": "0.1.0"}, "world_size": 1, "device": "cpu", "resumed_from": None,
-                "total_steps": self.total, "warmup_steps": self.warmup,
-                "batches_per_epoch": self.steps_per_epoch * self.mb}
+        return {
+            "kind": "run_start",
+            "time": time,
+            "step": 0,
+            "schema": 1,
+            "config": config,
+            "versions": {"blockdraft": "0.1.0"},
+            "world_size": 1,
+            "device": "cpu",
+            "resumed_from": None,
+            "total_steps": self.total,
+            "warmup_steps": self.warmup,
+            "batches_per_epoch": self.steps_per_epoch * self.mb,
+        }
 
     def _foreign(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
         for r in records:
             if r["kind"] != "step":
                 continue
-            out.append({"global_step": r["step"], "train/loss": r["loss"], "train/acc": r["acc"],
-                        "train/lr": r["lr"], "grad_norm": r["grad_norm"], "time": r["time"]})
+            out.append(
+                {
+                    "global_step": r["step"],
+                    "train/loss": r["loss"],
+                    "train/acc": r["acc"],
+                    "train/lr": r["lr"],
+                    "grad_norm": r["grad_norm"],
+                    "time": r["time"],
+                }
+            )
         return out
 
     def _windowed(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -544,7 +696,7 @@ class _Sim:
             size = w
             if artifacts and steps[i]["step"] >= artifacts[0]:
                 stall = int(self.rng.integers(3, 6)) * w
-                stalled = steps[i:i + stall]
+                stalled = steps[i : i + stall]
                 out.append(self._window_record(stalled))
                 i = min(i + stall, len(steps) - 3)
                 bad = dict(steps[i])
@@ -556,15 +708,19 @@ class _Sim:
                 for p in self.planted:
                     if p.code == "window_artifact" and p.steps[0] == at:
                         p.steps = (bad["step"], steps[min(i + 1, len(steps) - 1)]["step"])
-            out.append(self._window_record(steps[i:i + size]))
+            out.append(self._window_record(steps[i : i + size]))
             i += size
         return out
 
     @staticmethod
     def _window_record(chunk: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"global_step": chunk[-1]["step"], "time": chunk[-1]["time"],
-                "train/loss": float(np.mean([c["loss"] for c in chunk])),
-                "train/acc": float(np.mean([c["acc"] for c in chunk])), "train/lr": chunk[-1]["lr"]}
+        return {
+            "global_step": chunk[-1]["step"],
+            "time": chunk[-1]["time"],
+            "train/loss": float(np.mean([c["loss"] for c in chunk])),
+            "train/acc": float(np.mean([c["acc"] for c in chunk])),
+            "train/lr": chunk[-1]["lr"],
+        }
 
 
 def _schedule(k: np.ndarray, peak: float, warmup: int, total: int, schedule: str, min_ratio: float) -> np.ndarray:

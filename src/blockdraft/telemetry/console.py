@@ -25,6 +25,7 @@ class TrainConsole:
         self._live: Live | None = None
         self._t0 = time.time()
         self._first_step: int | None = None
+        self._skips = 0
 
     def __enter__(self) -> TrainConsole:
         if self.enabled:
@@ -52,7 +53,10 @@ class TrainConsole:
             f"ETA {_duration(eta)}"
         )
         if rec.get("skipped"):
+            self._skips += 1
             line += f"  [skipped: {rec.get('skip_reason')}]"
+        if self._skips:
+            line += f"  skips {self._skips}"
         self._live.update(Text(line))
 
     def note(self, message: str, style: str = "yellow") -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,12 +29,15 @@ def _clean(value: Any, path: str, bad: list[str]) -> Any:
 
 
 class RunLog:
-    """Append-only writer for RUN/log.jsonl (rank 0 only)."""
+    """Append-only writer for RUN/log.jsonl (rank 0 only). `watcher`, if given, sees every record
+    after it is written (the trainer's live doctor); records it writes itself are not shown to it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, watcher: Callable[[RunLog, dict[str, Any]], None] | None = None) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fh: TextIO = path.open("a", encoding="utf-8")
+        self._watcher = watcher
+        self._watching = False
 
     def write(self, kind: str, step: int, **fields: Any) -> dict[str, Any]:
         bad: list[str] = []
@@ -42,6 +46,12 @@ class RunLog:
             record["nonfinite"] = bad
         self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
         self._fh.flush()
+        if self._watcher is not None and not self._watching:
+            self._watching = True
+            try:
+                self._watcher(self, record)
+            finally:
+                self._watching = False
         return record
 
     def close(self) -> None:

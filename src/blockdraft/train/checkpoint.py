@@ -11,6 +11,11 @@ Layout: RUN/checkpoints/step-000200/
 Order: write everything into `.tmp-step-000200/`, fsync each file and the folder, rename the folder
 into place, fsync the parent, write COMMITTED (fsync), then point `latest` at it (a symlink swapped
 atomically) and prune old checkpoints beyond keep_last. Resume trusts only COMMITTED folders.
+
+Asynchronous saves: the trainer stages a consistent snapshot into host memory between two steps
+(`Stager`, pinned and reused buffers for GPU tensors) and `AsyncCheckpointer` writes it with the
+protocol above in a background thread while training goes on; at most one save is in flight, so the
+only time the loop is held is the wait for the previous save (if still running) plus the copy.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,27 +87,153 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_file({k: v.contiguous() for k, v in drafter_state.items()}, tmp / "drafter.safetensors")
-    (tmp / "drafter_config.json").write_text(json.dumps(drafter_config, indent=2))
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    torch.save(trainer_state, tmp / "trainer.pt")
-    (tmp / "trainer.json").write_text(json.dumps(trainer_info, indent=2, default=str))
-    size = 0
-    for f in tmp.iterdir():
-        _fsync_file(f)
-        size += f.stat().st_size
-    _fsync_dir(tmp)
+    try:
+        manifest = _write_files(tmp, drafter_state, drafter_config, optimizer_state, trainer_state, trainer_info)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed write (full disk) leaves nothing behind
+        raise
     if final.exists():  # an uncommitted leftover of an earlier crash at this very step
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(ckpt_root)
     marker = final / MARKER
-    marker.write_text(f"{step}\n")
+    marker.write_text(json.dumps({"step": step, "files": manifest}))
     _fsync_file(marker)
     _fsync_dir(final)
     _point_latest(ckpt_root, final)
     _prune(ckpt_root, keep_last)
-    return SavedCheckpoint(final, size, time.time() - t0)
+    return SavedCheckpoint(final, sum(size for size, _ in manifest.values()), time.time() - t0)
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _write_files(
+    tmp: Path,
+    drafter_state: dict[str, torch.Tensor],
+    drafter_config: dict[str, Any],
+    optimizer_state: dict[str, Any],
+    trainer_state: dict[str, Any],
+    trainer_info: dict[str, Any],
+) -> dict[str, tuple[int, int]]:
+    """Write and fsync every file; returns {name: (bytes, crc32)} for the COMMITTED manifest."""
+    save_file({k: v.contiguous() for k, v in drafter_state.items()}, tmp / "drafter.safetensors")
+    (tmp / "drafter_config.json").write_text(json.dumps(drafter_config, indent=2))
+    torch.save(optimizer_state, tmp / "optimizer.pt")
+    torch.save(trainer_state, tmp / "trainer.pt")
+    (tmp / "trainer.json").write_text(json.dumps(trainer_info, indent=2, default=str))
+    manifest = {}
+    for f in sorted(tmp.iterdir()):
+        _fsync_file(f)
+        manifest[f.name] = (f.stat().st_size, _crc32(f))
+    _fsync_dir(tmp)
+    return manifest
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise UserError if a file of a committed checkpoint is missing, truncated or altered since the
+    save (its size or CRC32 differs from the COMMITTED manifest). Markers without a manifest pass."""
+    try:
+        manifest = json.loads((path / MARKER).read_text()).get("files", {})
+    except (json.JSONDecodeError, AttributeError):
+        return
+    for name, (size, crc) in manifest.items():
+        f = path / name
+        if not f.is_file():
+            raise UserError(f"checkpoint {path} is damaged: {name} is missing")
+        if f.stat().st_size != size:
+            raise UserError(f"checkpoint {path} is damaged: {name} has {f.stat().st_size} bytes, {size} were saved")
+        if _crc32(f) != crc:
+            raise UserError(f"checkpoint {path} is damaged: {name} does not match its checksum")
+
+
+@dataclass
+class Snapshot:
+    """Everything `save_checkpoint` needs, already in host memory: the trainer may move on."""
+
+    step: int
+    drafter_state: dict[str, torch.Tensor]
+    drafter_config: dict[str, Any]
+    optimizer_state: dict[str, Any]
+    trainer_state: dict[str, Any]
+    trainer_info: dict[str, Any]
+
+
+class Stager:
+    """Copies (nested) state into host tensors that the training loop will not touch again.
+
+    GPU tensors go into pinned buffers kept between saves (no re-allocation, fast copies), CPU tensors
+    are cloned (training updates parameters in place). Callers must not stage while an earlier snapshot
+    is still being written: the buffers are reused.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def stage(self, tree: Any) -> Any:
+        staged = self._walk(tree, "")
+        if torch.cuda.is_available() and self._buffers:
+            torch.cuda.synchronize()  # the non-blocking copies must land before the writer reads them
+        return staged
+
+    def _walk(self, node: Any, key: str) -> Any:
+        if isinstance(node, torch.Tensor):
+            if not node.is_cuda:
+                return node.detach().clone()
+            buf = self._buffers.get(key)
+            if buf is None or buf.shape != node.shape or buf.dtype != node.dtype:
+                buf = torch.empty(node.shape, dtype=node.dtype, pin_memory=True)
+                self._buffers[key] = buf
+            return buf.copy_(node.detach(), non_blocking=True)
+        if isinstance(node, dict):
+            return {k: self._walk(v, f"{key}/{k}") for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            return type(node)(self._walk(v, f"{key}/{i}") for i, v in enumerate(node))
+        return node
+
+
+class AsyncCheckpointer:
+    """Writes snapshots in a background thread, one at a time. Results (committed or failed) are
+    collected by the training thread with `poll`, so only that thread writes the log."""
+
+    def __init__(self, ckpt_root: Path, keep_last: int) -> None:
+        self.ckpt_root = ckpt_root
+        self.keep_last = keep_last
+        self._thread: threading.Thread | None = None
+        self._result: dict[str, Any] | None = None
+
+    def submit(self, snap: Snapshot, stall_s: float) -> None:
+        if self._thread is not None:
+            raise RuntimeError("a checkpoint is already in flight; wait() first")
+        self._result = None
+        self._thread = threading.Thread(target=self._write, args=(snap, stall_s), name="checkpoint", daemon=True)
+        self._thread.start()
+
+    def _write(self, snap: Snapshot, stall_s: float) -> None:
+        info: dict[str, Any] = {"path": str(self.ckpt_root / step_dir_name(snap.step)), "stall_s": stall_s}
+        t0 = time.time()
+        try:
+            saved = save_checkpoint(self.ckpt_root, snap.step, snap.drafter_state, snap.drafter_config,
+                                    snap.optimizer_state, snap.trainer_state, snap.trainer_info, self.keep_last)
+            info.update(path=str(saved.path), write_s=saved.write_s, bytes=saved.bytes, committed=True)
+        except Exception as exc:  # reported by the trainer as a warning; training goes on
+            info.update(write_s=time.time() - t0, bytes=0, committed=False, error=f"{type(exc).__name__}: {exc}")
+        info["commit_time"] = time.time()
+        self._result = info
+
+    def poll(self, wait: bool = False) -> tuple[dict[str, Any] | None, float]:
+        """(the finished save's result or None, seconds spent waiting for it)."""
+        if self._thread is None or (not wait and self._thread.is_alive()):
+            return None, 0.0
+        t0 = time.perf_counter()
+        self._thread.join()
+        self._thread = None
+        return self._result, time.perf_counter() - t0
 
 
 def _point_latest(ckpt_root: Path, target: Path) -> None:
@@ -149,6 +282,7 @@ class LoadedCheckpoint:
 
 def load_checkpoint(path: Path, with_training_state: bool = True) -> LoadedCheckpoint:
     path = resolve_checkpoint(path)
+    verify_checkpoint(path)
     try:
         drafter_state = load_file(path / "drafter.safetensors")
         drafter_config = json.loads((path / "drafter_config.json").read_text())

@@ -14,6 +14,7 @@ import math
 import platform
 import random
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,9 @@ import torch
 
 from blockdraft import __version__
 from blockdraft.config import Config, default_layer_ids, dump_config, total_warmup_steps
-from blockdraft.data import Batch, BatchSampler, Prefetcher, prepare_dataset
+from blockdraft.data import Batch, BatchSampler, Prefetcher, data_record, prepare_dataset
+from blockdraft.doctor.live import LiveDoctor
+from blockdraft.errors import UserError
 from blockdraft.evaluate.prompts import heldout_prompts
 from blockdraft.evaluate.speculative import measure_tau
 from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_target
@@ -33,7 +36,15 @@ from blockdraft.model.target import find_mask_token_id, load_target
 from blockdraft.telemetry.console import TrainConsole
 from blockdraft.telemetry.log import SCHEMA, RunLog
 from blockdraft.train.blocks import Blocks, sample_blocks
-from blockdraft.train.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from blockdraft.train.checkpoint import (
+    AsyncCheckpointer,
+    LoadedCheckpoint,
+    Snapshot,
+    Stager,
+    committed_checkpoints,
+    load_checkpoint,
+)
+from blockdraft.train.guard import StepGuard, batch_id
 from blockdraft.train.loss import MicroStats, add_stats, block_loss, denominator, summarize
 from blockdraft.train.schedule import build_optimizer, lr_at, noise_std_at
 
@@ -55,6 +66,20 @@ def step_generator(seed: int, step: int, rank: int, micro: int, device: torch.de
     return g
 
 
+def live_doctor(console: TrainConsole):
+    """The doctor's detectors, run as the log is written: each new finding becomes a `warning`
+    record and a console line, the moment it is seen."""
+    doctor = LiveDoctor()
+
+    def watch(log: RunLog, record: dict[str, Any]) -> None:
+        for f in doctor.observe(record):
+            log.write("warning", record["step"], code=f.code, severity=f.severity, message=f.summary,
+                      advice=f.advice, steps=list(f.steps))
+            console.note(f"[{f.severity}] {f.code}: {f.summary}", style="red" if f.severity == "error" else "yellow")
+
+    return watch
+
+
 @dataclass
 class RunResult:
     run_dir: Path
@@ -74,7 +99,8 @@ class Trainer:
         self.use_bf16 = cfg.train.precision == "bf16" and self.device.type == "cuda"
         torch.manual_seed(cfg.train.seed)
 
-        resume_from = resolve_checkpoint(self.ckpt_root) if resume and self._has_checkpoint() else None
+        self._startup_warnings: list[str] = []
+        resume_from = self._newest_readable_checkpoint() if resume else None
         _, tokenizer, hf_cfg = load_target(cfg.target.path, None, self.device)
         self.tokenizer = tokenizer
         self.dataset, self.data_report = prepare_dataset(cfg.data, tokenizer)
@@ -96,18 +122,31 @@ class Trainer:
         self.prefetcher = Prefetcher(self.dataset, self.sampler, depth=cfg.data.prefetch_depth,
                                      pin_memory=self.device.type == "cuda")
         self.step = 0
+        self.guard = StepGuard(cfg.guard)
+        self.skip_list: set[str] = set()
+        self._skipped_run: list[str] = []  # batch ids of the current run of consecutive guarded steps
+        self.stager = Stager()
+        self.checkpointer = AsyncCheckpointer(self.ckpt_root, cfg.train.keep_last)
         self.resumed_from: int | None = None
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_prompts = heldout_prompts(cfg.eval, tokenizer) if cfg.eval.prompts else []
         self._stop_reason: str | None = None
 
-    def _has_checkpoint(self) -> bool:
-        return any(p.name.startswith("step-") for p in self.ckpt_root.glob("step-*"))
+    def _newest_readable_checkpoint(self) -> LoadedCheckpoint | None:
+        """The newest committed checkpoint that loads; a damaged one is reported and passed over."""
+        for path in reversed(committed_checkpoints(self.ckpt_root)):
+            try:
+                return load_checkpoint(path)
+            except UserError as exc:
+                self._startup_warnings.append(f"{exc}; trying the previous checkpoint")
+                print(f"warning: {exc}; trying the previous checkpoint", file=sys.stderr)
+        if self._startup_warnings:
+            raise UserError(f"no readable checkpoint under {self.ckpt_root}")
+        return None
 
     # ---- state -------------------------------------------------------------------------------------
-    def _restore(self, path: Path) -> None:
-        ckpt = load_checkpoint(path)
+    def _restore(self, ckpt: LoadedCheckpoint) -> None:
         self.drafter.load_state_dict(ckpt.drafter_state)
         self.optimizer.load_state_dict(ckpt.optimizer_state)
         state = ckpt.trainer_state
@@ -116,24 +155,47 @@ class Trainer:
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(tuple(state["rng"]["numpy"]))
         random.setstate(tuple(state["rng"]["python"]))
+        self.skip_list = set(state.get("skip_list", []))
         self.resumed_from = self.step
 
-    def save(self) -> dict[str, Any]:
-        t0 = time.time()
+    def snapshot(self) -> Snapshot:
+        """A consistent copy of the training state in host memory, taken between two updates."""
         rng = {"torch": torch.get_rng_state(), "numpy": list(np.random.get_state()), "python": list(random.getstate())}
         rng["numpy"][1] = torch.from_numpy(rng["numpy"][1].astype(np.int64))
-        saved = save_checkpoint(
-            self.ckpt_root,
+        trainer_state = {"step": self.step, "data": self.prefetcher.state_dict(), "rng": rng,
+                         "skip_list": sorted(self.skip_list)}
+        return Snapshot(
             self.step,
-            {k: v.detach().cpu() for k, v in self.drafter.state_dict().items()},
+            self.stager.stage(self.drafter.state_dict()),
             self.drafter.config.to_dict(),
-            self.optimizer.state_dict(),
-            {"step": self.step, "data": self.prefetcher.state_dict(), "rng": rng},
-            {"step": self.step, "total_steps": self.total_steps, "config": self.cfg.model_dump(mode="json")},
-            self.cfg.train.keep_last,
+            self.stager.stage(self.optimizer.state_dict()),
+            trainer_state,
+            {"step": self.step, "total_steps": self.total_steps, "skip_list": sorted(self.skip_list),
+             "config": self.cfg.model_dump(mode="json")},
         )
-        return {"path": str(saved.path), "stall_s": time.time() - t0, "write_s": saved.write_s,
-                "bytes": saved.bytes, "committed": True}
+
+    def save(self, log: RunLog, console: TrainConsole) -> None:
+        """Start a background save; the loop is held only to finish the previous one and to stage."""
+        t0 = time.perf_counter()
+        self.report_saves(log, console, wait=True)
+        snap = self.snapshot()
+        self.checkpointer.submit(snap, time.perf_counter() - t0)
+
+    def report_saves(self, log: RunLog, console: TrainConsole, wait: bool = False) -> None:
+        """Log the in-flight save once it has finished (a `checkpoint` record at commit, or a warning)."""
+        info, waited = self.checkpointer.poll(wait)
+        if info is None:
+            return
+        info["stall_s"] += waited
+        step = int(Path(info["path"]).name.split("-")[1])
+        log.write("checkpoint", step, **info)
+        if info["committed"]:
+            console.note(f"checkpoint {info['path']} (loop held {info['stall_s']:.2f}s, "
+                         f"written in {info['write_s']:.1f}s)", style="dim")
+        else:
+            message = f"checkpoint at step {step} failed, training goes on: {info['error']}"
+            log.write("warning", self.step, code="checkpoint_failed", severity="warning", message=message)
+            console.note(message, style="red")
 
     def _to_device(self, batch: Batch) -> Batch:
         """Pinned host tensors -> device, asynchronously (the copy overlaps the previous step's tail)."""
@@ -170,6 +232,8 @@ class Trainer:
                               blocks.valid, cfg.loss, target_hidden)
 
     def train_step(self, micro_batches: list[Batch]) -> dict[str, Any]:
+        """One update over the micro-batches, unless the guard refuses it: then weights, Adam moments
+        and Adam's step count stay as they were and `self.step` (hence the LR schedule) does not move."""
         cfg, k = self.cfg, self.step + 1
         self.drafter.train()
         blocks, gens = [], []
@@ -189,18 +253,21 @@ class Trainer:
             (stats.weighted_loss / denom).backward()
             total = add_stats(total, stats)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.optim.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step = k
-        metrics = summarize(total)
+        metrics = summarize(total)  # the step's one host sync; the guard decides on these floats
         grad_norm = float(grad_norm)
+        bucket = max(mb.bucket for mb in micro_batches)
+        reason = self.guard.check(bucket, metrics["loss"], grad_norm)
+        if reason is None:
+            self.optimizer.step()
+            self.step = k
+        self.optimizer.zero_grad(set_to_none=True)
         return {
             "lr": lr,
             **metrics,
             "grad_norm": grad_norm,
             "clipped": grad_norm > cfg.optim.grad_clip,
-            "skipped": False,
-            "skip_reason": None,
+            "skipped": reason is not None,
+            "skip_reason": reason,
             "noise_std": noise_std,
             "anchors": int(sum(int(b.valid.sum()) for b in blocks)),
         }
@@ -216,7 +283,7 @@ class Trainer:
             drafter_params=sum(p.numel() for p in self.drafter.parameters()),
             target_layer_ids=self.drafter.target_layer_ids, mask_token_id=self.drafter.mask_token_id,
         )
-        log.write("data", self.step, **self.data_report.as_record(), **self.sampler.describe())
+        log.write("data", self.step, **data_record(self.data_report, self.sampler))
 
     def evaluate(self) -> dict[str, Any]:
         ev = self.cfg.eval
@@ -230,30 +297,77 @@ class Trainer:
             raise KeyboardInterrupt
         self._stop_reason = signal.Signals(signum).name
 
+    def _next_micro_batches(self, log: RunLog) -> list[Batch]:
+        """The step's micro-batches; batches on the skip list (a rollback's offenders) are passed over."""
+        micro: list[Batch] = []
+        while len(micro) < self.cfg.train.grad_accum:
+            batch = self.prefetcher.next()
+            bid = batch_id(batch.epoch, batch.index_in_epoch)
+            if bid in self.skip_list:
+                log.write("skip", self.step + 1, reason="skip_list", batch_ids=[bid], bucket=batch.bucket,
+                          loss=None, grad_norm=None)
+                continue
+            micro.append(self._to_device(batch))
+        return micro
+
+    def _guarded(self, log: RunLog, console: TrainConsole, rec: dict[str, Any], micro: list[Batch]) -> None:
+        """Record a guarded step; after max_consecutive_skips of them, roll back."""
+        ids = [batch_id(mb.epoch, mb.index_in_epoch) for mb in micro]
+        self._skipped_run += ids
+        k = self.step + 1
+        log.write("skip", k, reason=rec["skip_reason"], batch_ids=ids, bucket=max(rec["buckets"]),
+                  loss=rec["loss"], grad_norm=rec["grad_norm"])
+        message = (f"step {k} skipped ({rec['skip_reason']}): loss {rec['loss']:.4g}, grad norm "
+                   f"{rec['grad_norm']:.4g}, batches {', '.join(ids)}; no update applied")
+        log.write("warning", k, code="step_skipped", severity="warning", message=message)
+        console.note(message)
+        if self.guard.must_roll_back:
+            self._roll_back(log, console)
+
+    def _roll_back(self, log: RunLog, console: TrainConsole) -> None:
+        """Return to the last committed checkpoint and never train on the offending batches again."""
+        self.report_saves(log, console, wait=True)
+        offenders = list(self._skipped_run)
+        self.skip_list.update(offenders)
+        self._skipped_run.clear()
+        self.guard.consecutive = 0
+        ckpt = self._newest_readable_checkpoint()
+        if ckpt is not None:
+            self._restore(ckpt)
+            self.resumed_from = None
+        to_step = self.step if ckpt is not None else None
+        message = (f"{self.cfg.guard.max_consecutive_skips} steps in a row were skipped: rolled back to "
+                   f"{f'step {to_step}' if ckpt else 'the current weights (no checkpoint yet)'}; "
+                   f"{len(offenders)} batches put on the skip list")
+        log.write("rollback", self.step, to_step=to_step, skipped_batches=offenders, skip_list=sorted(self.skip_list))
+        log.write("warning", self.step, code="rollback", severity="warning", message=message)
+        console.note(message, style="red")
+
     def run(self) -> RunResult:
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(cfg))
-        log = RunLog(self.run_dir / "log.jsonl")
-        self._record_start(log)
-        handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        t_start, last_eval, status, reason = time.time(), None, "completed", None
         console = TrainConsole(self.total_steps, cfg.train.epochs if not cfg.train.max_steps else 0,
                                enabled=self.show_console)
+        log = RunLog(self.run_dir / "log.jsonl", watcher=live_doctor(console))
+        self._record_start(log)
+        for message in self._startup_warnings:
+            log.write("warning", self.step, code="checkpoint_damaged", severity="warning", message=message)
+        handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        t_start, last_eval, status, reason = time.time(), None, "completed", None
         try:
             with console:
                 while self.step < self.total_steps:
                     t0 = time.time()
-                    micro = [self._to_device(self.prefetcher.next()) for _ in range(cfg.train.grad_accum)]
+                    micro = self._next_micro_batches(log)
                     data_wait = time.time() - t0
                     rec = self.train_step(micro)
                     step_time = time.time() - t0
                     tokens = sum(mb.real_tokens for mb in micro)
                     padded = sum(mb.padded_tokens for mb in micro)
                     last = micro[-1]
-                    progress = self.step / self.total_steps
                     rec.update(
-                        epoch=last.epoch, epoch_progress=last.epoch_progress, progress=progress,
+                        epoch=last.epoch, epoch_progress=last.epoch_progress, progress=self.step / self.total_steps,
                         samples=sum(len(mb.sample_ids) for mb in micro), tokens=tokens,
                         pad_frac=1.0 - tokens / max(padded, 1), buckets=[mb.bucket for mb in micro],
                         seq_len_max=max(int(mb.input_ids.shape[1]) for mb in micro),
@@ -261,23 +375,29 @@ class Trainer:
                         tok_per_s=tokens / max(step_time, 1e-9), mfu=None,
                         mem_gb=torch.cuda.max_memory_allocated() / 2**30 if self.device.type == "cuda" else None,
                     )
-                    console.step(log.write("step", self.step, **rec))
+                    # a guarded step is logged under the update number it would have had
+                    console.step(log.write("step", self.step + rec["skipped"], **rec))
+                    self.report_saves(log, console)
+                    if rec["skipped"]:
+                        self._guarded(log, console, rec, micro)
+                    else:
+                        self._skipped_run.clear()
                     out_of_time = cfg.train.max_minutes and time.time() - t_start > cfg.train.max_minutes * 60
                     if self._stop_reason or out_of_time:
                         status = "interrupted" if self._stop_reason else "completed"
                         reason = self._stop_reason or "max_minutes reached"
                         break
+                    if rec["skipped"]:
+                        continue
                     if self.step % cfg.train.save_every == 0 and self.step < self.total_steps:
-                        info = self.save()
-                        log.write("checkpoint", self.step, **info)
-                        console.note(f"checkpoint {info['path']} ({info['stall_s']:.1f}s)", style="dim")
+                        self.save(log, console)
                     if cfg.train.eval_every and self.eval_prompts and self.step % cfg.train.eval_every == 0:
                         last_eval = self.evaluate()
                         log.write("eval", self.step, **last_eval, tau_est_train=rec["tau_est"])
                         console.note(f"eval tau {last_eval['tau']:.2f} on {last_eval['prompts']} prompts",
                                      style="cyan")
-            info = self.save()
-            log.write("checkpoint", self.step, **info)
+                self.save(log, console)
+                self.report_saves(log, console, wait=True)
         except BaseException as exc:
             status, reason = "failed", f"{type(exc).__name__}: {exc}"
             log.write("run_end", self.step, status=status, reason=reason)

@@ -69,6 +69,9 @@ def test_gamma_and_betas(run_factory):
 
 
 def test_beta2_0999_without_spikes_is_only_info():
-    findings = _run([1e-4] * 50, _config(betas=[0.9, 0.999], schedule="constant", warmup_steps=0),
-                    {"total_steps": 50, "warmup_steps": 0})
+    findings = _run(
+        [1e-4] * 50,
+        _config(betas=[0.9, 0.999], schedule="constant", warmup_steps=0),
+        {"total_steps": 50, "warmup_steps": 0},
+    )
     assert [f.severity for f in _find(findings, "optimizer_betas")] == ["info"]

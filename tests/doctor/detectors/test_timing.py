@@ -15,8 +15,10 @@ def _log(recs):
 
 
 def _steps(n, dt=1.0, start=1, t0=0.0):
-    return [{"kind": "step", "step": i, "time": t0 + dt * (i - start), "step_time": dt, "loss": 1.0}
-            for i in range(start, start + n)]
+    return [
+        {"kind": "step", "step": i, "time": t0 + dt * (i - start), "step_time": dt, "loss": 1.0}
+        for i in range(start, start + n)
+    ]
 
 
 def test_checkpoint_that_held_the_loop():

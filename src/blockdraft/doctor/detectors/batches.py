@@ -26,18 +26,20 @@ def _batch_order(ctx: Context) -> dict[str, float] | None:
         over = lengths > limit
         counts = np.bincount(seq[seq >= 0]) if (seq >= 0).any() else np.zeros(1)
         shares = counts / max(1, counts.sum())
-        order = seq.astype(float)
-        seq_len = ctx.t.get("seq_len_max")
-        r1 = stats.lag1_autocorr(seq_len) if np.isfinite(seq_len).sum() >= 50 else stats.lag1_autocorr(order)
+        r1 = stats.lag1_autocorr(seq.astype(float))
         out = {
-            "limit": limit, "max_run": int(lengths.max()), "runs_over_limit": int(over.sum()),
-            "share_in_long_runs": float(lengths[over].sum() / len(seq)), "top_share": float(shares.max()),
-            "top_bucket": int(np.argmax(shares)), "buckets": int((counts > 0).sum()), "lag1_autocorr": r1,
+            "limit": limit,
+            "max_run": int(lengths.max()),
+            "runs_over_limit": int(over.sum()),
+            "share_in_long_runs": float(lengths[over].sum() / len(seq)),
+            "top_share": float(shares.max()),
+            "top_bucket": int(np.argmax(shares)),
+            "buckets": int((counts > 0).sum()),
+            "lag1_autocorr": r1,
             "mean_run": float(lengths.mean()),
         }
         out["violated"] = float(
-            out["share_in_long_runs"] >= 0.05 or out["max_run"] >= 3 * limit
-            or (math.isfinite(r1) and r1 >= 0.5)
+            out["share_in_long_runs"] >= 0.05 or out["max_run"] >= 3 * limit or (math.isfinite(r1) and r1 >= 0.5)
         )
     elif np.isfinite(ctx.t.get("seq_len_max")).sum() >= 100:
         r1 = stats.lag1_autocorr(ctx.t.get("seq_len_max"))
@@ -52,25 +54,31 @@ def homogeneous_batches(ctx: Context) -> list[Finding]:
         return []
     parts = []
     if "max_run" in info:
-        parts.append(f"same-bucket runs up to {info['max_run']} micro-batches (limit {info['limit']}); "
-                     f"{100 * info['share_in_long_runs']:.0f}% of batches sit in runs over the limit")
+        parts.append(
+            f"same-bucket runs up to {info['max_run']} micro-batches (limit {info['limit']}); "
+            f"{100 * info['share_in_long_runs']:.0f}% of batches sit in runs over the limit"
+        )
         parts.append(f"bucket {info['top_bucket']} holds {100 * info['top_share']:.0f}% of batches")
     if math.isfinite(info["lag1_autocorr"]):
-        parts.append(f"lag-1 autocorrelation of batch length {info['lag1_autocorr']:.2f}")
+        parts.append(f"lag-1 autocorrelation of batch length (bucket) {info['lag1_autocorr']:.2f}")
     modes = _bucket_modes(ctx)
     strong = modes is not None and modes["eta2"] >= 0.2 and info.get("max_run", 0) >= 8
-    return [Finding(
-        code="homogeneous_batches",
-        severity="error" if strong else "warning",
-        steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
-        summary="batches come in long runs of one length bucket: " + "; ".join(parts),
-        evidence={k: v for k, v in info.items() if k != "violated"},
-        advice=("Interleave buckets proportionally (data.interleave=true, data.max_same_bucket_run=3) so every "
-                "bucket drains at the same pace; consecutive long batches whip the gradient around."),
-        weight=info.get("share_in_long_runs", 0.0) + max(0.0, info["lag1_autocorr"] if math.isfinite(
-            info["lag1_autocorr"]) else 0.0),
-        spans=_long_run_spans(ctx, info),
-    )]
+    return [
+        Finding(
+            code="homogeneous_batches",
+            severity="error" if strong else "warning",
+            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+            summary="batches come in long runs of one length bucket: " + "; ".join(parts),
+            evidence={k: v for k, v in info.items() if k != "violated"},
+            advice=(
+                "Interleave buckets proportionally (data.interleave=true, data.max_same_bucket_run=3) so every "
+                "bucket drains at the same pace; consecutive long batches whip the gradient around."
+            ),
+            weight=info.get("share_in_long_runs", 0.0)
+            + max(0.0, info["lag1_autocorr"] if math.isfinite(info["lag1_autocorr"]) else 0.0),
+            spans=_long_run_spans(ctx, info),
+        )
+    ]
 
 
 def _long_run_spans(ctx: Context, info: dict[str, float]) -> list[tuple[int, int]]:
@@ -79,8 +87,11 @@ def _long_run_spans(ctx: Context, info: dict[str, float]) -> list[tuple[int, int
     starts, lengths, _ = stats.runs(ctx.t.bucket_seq)
     big = np.argsort(lengths)[::-1][:50]
     rows = ctx.t.bucket_row
-    return sorted((ctx.step_at(rows[starts[i]]), ctx.step_at(rows[starts[i] + lengths[i] - 1]))
-                  for i in big if lengths[i] > info["limit"])
+    return sorted(
+        (ctx.step_at(rows[starts[i]]), ctx.step_at(rows[starts[i] + lengths[i] - 1]))
+        for i in big
+        if lengths[i] > info["limit"]
+    )
 
 
 def _bucket_modes(ctx: Context) -> dict[str, float] | None:
@@ -97,8 +108,9 @@ def _bucket_modes(ctx: Context) -> dict[str, float] | None:
             var_between = float(np.var(fit.offset[ok]))
             labels = fit.labels
             present = [int(j) for j in range(len(labels)) if labels[j] >= 0]
-            offsets = {int(labels[j]): float(fit.offset[fit.groups == j][0]) for j in present
-                       if (fit.groups == j).any()}
+            offsets = {
+                int(labels[j]): float(fit.offset[fit.groups == j][0]) for j in present if (fit.groups == j).any()
+            }
             spread = math.exp(max(offsets.values()) - min(offsets.values())) if offsets else 1.0
             out = {"eta2": var_between / var_total if var_total > 0 else 0.0, "spread": spread, "offsets": offsets}
     ctx.shared["bucket_modes"] = out
@@ -115,23 +127,29 @@ def bucket_loss_modes(ctx: Context) -> list[Finding]:
     evidence = {"eta2": modes["eta2"], "spread": modes["spread"]}
     evidence.update({f"bucket_{b}_ratio": math.exp(o) for b, o in modes["offsets"].items()})
     if homogeneous:
-        summary = (f"loss has one mode per length bucket ({ratios}; bucket explains "
-                   f"{100 * modes['eta2']:.0f}% of its spread) and batches are not mixed, so the curve jumps "
-                   "between modes: the 'resets' are buckets, not the model")
+        summary = (
+            f"loss has one mode per length bucket ({ratios}; bucket explains "
+            f"{100 * modes['eta2']:.0f}% of its spread) and batches are not mixed, so the curve jumps "
+            "between modes: the 'resets' are buckets, not the model"
+        )
         advice = "Fix the batch order (see homogeneous_batches); judge progress per bucket, not on the raw curve."
     else:
-        summary = (f"loss level differs by length bucket ({ratios}); bucket explains {100 * modes['eta2']:.0f}% "
-                   "of the step-to-step spread, so the bands in the curve are buckets, not instability")
+        summary = (
+            f"loss level differs by length bucket ({ratios}); bucket explains {100 * modes['eta2']:.0f}% "
+            "of the step-to-step spread, so the bands in the curve are buckets, not instability"
+        )
         advice = "Nothing to fix; read the loss per bucket (the report's per-bucket plot) when comparing runs."
-    return [Finding(
-        code="bucket_loss_modes",
-        severity="warning" if homogeneous else "info",
-        steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
-        summary=summary,
-        evidence=evidence,
-        advice=advice,
-        weight=modes["eta2"],
-    )]
+    return [
+        Finding(
+            code="bucket_loss_modes",
+            severity="warning" if homogeneous else "info",
+            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+            summary=summary,
+            evidence=evidence,
+            advice=advice,
+            weight=modes["eta2"],
+        )
+    ]
 
 
 def epoch_accounting(ctx: Context) -> list[Finding]:
@@ -167,8 +185,11 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
         if np.isfinite(ep).sum() >= 50:
             both = np.isfinite(ep) & np.isfinite(prog)
             epochs_cfg = ctx.run.setting("train", "epochs")
-            if (np.nanmax(np.abs(ep[both] - prog[both])) < 1e-6 and isinstance(epochs_cfg, int | float)
-                    and epochs_cfg > 1):
+            if (
+                np.nanmax(np.abs(ep[both] - prog[both])) < 1e-6
+                and isinstance(epochs_cfg, int | float)
+                and epochs_cfg > 1
+            ):
                 problems.append(f"epoch_progress equals progress of the whole run although epochs={epochs_cfg:g}")
     total = ctx.run.run_value("total_steps")
     if isinstance(total, int | float) and total > 0 and math.isfinite(implied_total):
@@ -182,30 +203,42 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
         candidates = {float(bpe), bpe / accum, bpe / world, bpe / (accum * world)}
         evidence["batches_per_epoch"] = float(bpe)
         if min(abs(implied_spe / c - 1) for c in candidates if c > 0) > 0.1:
-            problems.append(f"epochs advance every {implied_spe:.0f} steps but batches_per_epoch={bpe:g} "
-                            f"(grad_accum={accum}, world_size={world})")
+            problems.append(
+                f"epochs advance every {implied_spe:.0f} steps but batches_per_epoch={bpe:g} "
+                f"(grad_accum={accum}, world_size={world})"
+            )
     epochs_cfg = ctx.run.setting("train", "epochs")
     max_steps = ctx.run.setting("train", "max_steps")
-    if (isinstance(epochs_cfg, int | float) and max_steps is None and math.isfinite(implied_spe)
-            and math.isfinite(implied_total)):
+    if (
+        isinstance(epochs_cfg, int | float)
+        and max_steps is None
+        and math.isfinite(implied_spe)
+        and math.isfinite(implied_total)
+    ):
         expected_total = implied_spe * epochs_cfg
         evidence["total_steps_from_epochs"] = expected_total
         if abs(expected_total / implied_total - 1) > 0.1 and not any("progress equals" in p for p in problems):
-            problems.append(f"{epochs_cfg:g} epochs of {implied_spe:.0f} steps make {expected_total:.0f} steps, "
-                            f"but progress counts to {implied_total:.0f}")
+            problems.append(
+                f"{epochs_cfg:g} epochs of {implied_spe:.0f} steps make {expected_total:.0f} steps, "
+                f"but progress counts to {implied_total:.0f}"
+            )
     if not problems:
         return []
-    return [Finding(
-        code="epoch_accounting",
-        severity="warning",
-        steps=(int(steps[0]), int(steps[-1])),
-        summary="epoch bookkeeping is inconsistent: " + "; ".join(problems),
-        evidence=evidence,
-        advice=("Count epochs in optimizer steps of this run (batches / grad_accum / world size) and log "
+    return [
+        Finding(
+            code="epoch_accounting",
+            severity="warning",
+            steps=(int(steps[0]), int(steps[-1])),
+            summary="epoch bookkeeping is inconsistent: " + "; ".join(problems),
+            evidence=evidence,
+            advice=(
+                "Count epochs in optimizer steps of this run (batches / grad_accum / world size) and log "
                 "epoch_progress per epoch and progress per run; LR schedules and ETAs built on a wrong count "
-                "are wrong too."),
-        weight=float(len(problems)),
-    )]
+                "are wrong too."
+            ),
+            weight=float(len(problems)),
+        )
+    ]
 
 
 def _slope(x: np.ndarray, y: np.ndarray) -> float:

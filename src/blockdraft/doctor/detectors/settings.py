@@ -60,23 +60,29 @@ def warmup_first_step(ctx: Context) -> list[Finding]:
     if schedule.expected_lr(ctx.run, ctx.step[:1]) is not None:
         evidence["lr_lags_schedule_by_one"] = int(_lag_one(ctx, rows))
     if at_peak:
-        summary = (f"the first update ran at {lr1:.3g} ({100 * lr1 / peak:.0f}% of peak) before warmup started "
-                   f"(step 2 used {lr2:.3g})")
-        advice = ("Compute the LR for update k (1-based) as lr*k/W before the optimizer step; a first Adam step "
-                  "at full LR moves every weight by ~lr at once.")
+        summary = (
+            f"the first update ran at {lr1:.3g} ({100 * lr1 / peak:.0f}% of peak) before warmup started "
+            f"(step 2 used {lr2:.3g})"
+        )
+        advice = (
+            "Compute the LR for update k (1-based) as lr*k/W before the optimizer step; a first Adam step "
+            "at full LR moves every weight by ~lr at once."
+        )
     else:
         summary = "the first update ran at LR 0 (warmup counted from 0): a wasted step, schedule shifted by one"
         advice = "Count updates from 1 in the schedule (lr*k/W for k = 1..W)."
-    return [Finding(
-        code="warmup_first_step",
-        severity="warning",
-        steps=(1, 1),
-        summary=summary,
-        evidence=evidence,
-        advice=advice,
-        weight=lr1 / peak if at_peak else 0.5,
-        spans=[(1, 1)],
-    )]
+    return [
+        Finding(
+            code="warmup_first_step",
+            severity="warning",
+            steps=(1, 1),
+            summary=summary,
+            evidence=evidence,
+            advice=advice,
+            weight=lr1 / peak if at_peak else 0.5,
+            spans=[(1, 1)],
+        )
+    ]
 
 
 def lr_schedule_mismatch(ctx: Context) -> list[Finding]:
@@ -104,25 +110,35 @@ def lr_schedule_mismatch(ctx: Context) -> list[Finding]:
     rows = np.flatnonzero(bad)
     warm = schedule.warmup_steps(ctx.run)
     reach = np.flatnonzero(ok & (lr >= 0.99 * np.nanmax(lr[ok])))
-    evidence = {"mismatched_steps": count, "fraction": count / max(1, ok.sum()),
-                "max_relative_error": float(rel[rows].max()), "first_step": ctx.step_at(rows[0]),
-                "configured_warmup_steps": warm if warm is not None else math.nan,
-                "observed_peak_step": ctx.step_at(reach[0]) if len(reach) else math.nan}
+    evidence = {
+        "mismatched_steps": count,
+        "fraction": count / max(1, ok.sum()),
+        "max_relative_error": float(rel[rows].max()),
+        "first_step": ctx.step_at(rows[0]),
+        "configured_warmup_steps": warm if warm is not None else math.nan,
+        "observed_peak_step": ctx.step_at(reach[0]) if len(reach) else math.nan,
+    }
     worst = rows[np.argmax(rel[rows])]
-    return [Finding(
-        code="lr_schedule_mismatch",
-        severity="warning",
-        steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
-        summary=(f"logged LR departs from the configured schedule on {count} steps from step "
-                 f"{ctx.step_at(rows[0])} (e.g. {lr[worst]:.3g} vs {expected[worst]:.3g} at step "
-                 f"{ctx.step_at(worst)}); LR first peaks at step {evidence['observed_peak_step']:.0f}, "
-                 f"warmup is {warm} steps"),
-        evidence=evidence,
-        advice=("Check how total_steps and warmup are derived (epochs x steps per epoch, grad_accum), that "
-                "the scheduler state is restored on resume, and that the schedule named in the config is used."),
-        weight=count / max(1, ok.sum()),
-        spans=[(ctx.step_at(a), ctx.step_at(b)) for a, b in _spans(rows)],
-    )]
+    return [
+        Finding(
+            code="lr_schedule_mismatch",
+            severity="warning",
+            steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
+            summary=(
+                f"logged LR departs from the configured schedule on {count} steps from step "
+                f"{ctx.step_at(rows[0])} (e.g. {lr[worst]:.3g} vs {expected[worst]:.3g} at step "
+                f"{ctx.step_at(worst)}); LR first peaks at step {evidence['observed_peak_step']:.0f}, "
+                f"warmup is {warm} steps"
+            ),
+            evidence=evidence,
+            advice=(
+                "Check how total_steps and warmup are derived (epochs x steps per epoch, grad_accum), that "
+                "the scheduler state is restored on resume, and that the schedule named in the config is used."
+            ),
+            weight=count / max(1, ok.sum()),
+            spans=[(ctx.step_at(a), ctx.step_at(b)) for a, b in _spans(rows)],
+        )
+    ]
 
 
 def _mismatch(ctx: Context, lr: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -156,24 +172,32 @@ def _lr_jumps(ctx: Context, lr: np.ndarray) -> list[Finding]:
     up[1:] = (v[1:] > 1.5 * v[:-1]) & after[1:] & same_seg[1:]
     down = np.zeros(len(v), dtype=bool)
     down[1:] = (v[1:] < 0.3 * v[:-1]) & after[1:] & same_seg[1:]
-    restart = np.array([bool(d) and (v[i + 1:i + 2000] > 0.8 * v[i - 1]).any() for i, d in enumerate(down)])
+    restart = np.array([bool(d) and (v[i + 1 : i + 2000] > 0.8 * v[i - 1]).any() for i, d in enumerate(down)])
     rows = idx[np.flatnonzero(up | restart)]
     rows = rows[np.concatenate([[True], np.diff(rows) > 50])] if len(rows) else rows
     if not len(rows):
         return []
     first = ctx.step_at(rows[0])
-    return [Finding(
-        code="lr_schedule_mismatch",
-        severity="warning",
-        steps=(first, ctx.step_at(rows[-1])),
-        summary=f"the LR restarts or jumps back up after its peak {len(rows)}x, first at step {first}",
-        evidence={"jumps": len(rows), "first_step": first, "lr_before": float(lr[rows[0] - 1]) if rows[0] else math.nan,
-                  "lr_at": float(lr[rows[0]])},
-        advice=("A resume that does not restore the scheduler, or a schedule rebuilt per epoch, restarts the "
-                "warmup; restore scheduler state with the optimizer state."),
-        weight=float(len(rows)),
-        spans=[(ctx.step_at(r), ctx.step_at(r)) for r in rows],
-    )]
+    return [
+        Finding(
+            code="lr_schedule_mismatch",
+            severity="warning",
+            steps=(first, ctx.step_at(rows[-1])),
+            summary=f"the LR restarts or jumps back up after its peak {len(rows)}x, first at step {first}",
+            evidence={
+                "jumps": len(rows),
+                "first_step": first,
+                "lr_before": float(lr[rows[0] - 1]) if rows[0] else math.nan,
+                "lr_at": float(lr[rows[0]]),
+            },
+            advice=(
+                "A resume that does not restore the scheduler, or a schedule rebuilt per epoch, restarts the "
+                "warmup; restore scheduler state with the optimizer state."
+            ),
+            weight=float(len(rows)),
+            spans=[(ctx.step_at(r), ctx.step_at(r)) for r in rows],
+        )
+    ]
 
 
 def noise_schedule_flat(ctx: Context) -> list[Finding]:
@@ -198,25 +222,34 @@ def noise_schedule_flat(ctx: Context) -> list[Finding]:
             what.append(f"a {warm}-step warmup from 0")
         if ctx.run.setting("noise", "schedule") == "cosine":
             what.append(f"a cosine to {ctx.run.setting('noise', 'final_std')}")
-        summary = (f"noise std stays at {lo:.3g} although the config asks for " + " and ".join(what or ["a schedule"])
-                   + f" ({e_lo:.3g}..{e_hi:.3g} over the logged steps)")
+        summary = (
+            f"noise std stays at {lo:.3g} although the config asks for "
+            + " and ".join(what or ["a schedule"])
+            + f" ({e_lo:.3g}..{e_hi:.3g} over the logged steps)"
+        )
     else:
         rel = np.abs(logged[ok] - expected[ok]) / scale
         if float(np.median(rel)) <= 0.2:
             return []
         evidence["median_relative_error"] = float(np.median(rel))
-        summary = (f"noise std does not follow the configured schedule: logged {lo:.3g}..{hi:.3g}, "
-                   f"expected {e_lo:.3g}..{e_hi:.3g}")
-    return [Finding(
-        code="noise_schedule_flat",
-        severity="warning",
-        steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
-        summary=summary,
-        evidence=evidence,
-        advice=("Compute the noise std from the update count every step (not once at start-up) and log the "
-                "value actually applied."),
-        weight=1.0,
-    )]
+        summary = (
+            f"noise std does not follow the configured schedule: logged {lo:.3g}..{hi:.3g}, "
+            f"expected {e_lo:.3g}..{e_hi:.3g}"
+        )
+    return [
+        Finding(
+            code="noise_schedule_flat",
+            severity="warning",
+            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+            summary=summary,
+            evidence=evidence,
+            advice=(
+                "Compute the noise std from the update count every step (not once at start-up) and log the "
+                "value actually applied."
+            ),
+            weight=1.0,
+        )
+    ]
 
 
 def optimizer_betas(ctx: Context) -> list[Finding]:
@@ -231,8 +264,10 @@ def optimizer_betas(ctx: Context) -> list[Finding]:
     evidence = {"beta1": beta1, "beta2": beta2, "loss_spikes": spikes}
     if beta2 >= 0.995:
         severity = "warning" if spikes else "info"
-        summary = (f"AdamW beta2={beta2:g}: the second moment adapts over ~{1 / (1 - beta2):.0f} steps, too slowly "
-                   "for sudden gradient changes" + (f", and the log has {spikes} loss spikes" if spikes else ""))
+        summary = (
+            f"AdamW beta2={beta2:g}: the second moment adapts over ~{1 / (1 - beta2):.0f} steps, too slowly "
+            "for sudden gradient changes" + (f", and the log has {spikes} loss spikes" if spikes else "")
+        )
         advice = "Use betas (0.9, 0.95) for drafter training; beta2 0.999 lets rare large gradients through unscaled."
     elif beta1 < 0.8 or beta1 >= 0.99:
         severity = "info"
@@ -240,8 +275,17 @@ def optimizer_betas(ctx: Context) -> list[Finding]:
         advice = "Use betas (0.9, 0.95) unless an experiment says otherwise."
     else:
         return []
-    return [Finding(code="optimizer_betas", severity=severity, steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
-                    summary=summary, evidence=evidence, advice=advice, weight=float(spikes))]
+    return [
+        Finding(
+            code="optimizer_betas",
+            severity=severity,
+            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+            summary=summary,
+            evidence=evidence,
+            advice=advice,
+            weight=float(spikes),
+        )
+    ]
 
 
 def loss_decay_gamma(ctx: Context) -> list[Finding]:
@@ -253,13 +297,17 @@ def loss_decay_gamma(ctx: Context) -> list[Finding]:
     expected = max(1.0, 4.0 + (block - 8) * 3.0 / 8.0)
     if abs(gamma / expected - 1.0) <= 0.2:
         return []
-    return [Finding(
-        code="loss_decay_gamma",
-        severity="warning",
-        steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)) if ctx.n else (0, 0),
-        summary=(f"loss decay gamma={gamma:g} does not match block size {block} (expected ~{expected:g}): "
-                 + ("later positions are under-weighted" if gamma < expected else "early positions lose weight")),
-        evidence={"gamma": float(gamma), "block_size": block, "expected_gamma": expected},
-        advice="Leave loss.gamma unset (null) so it is derived from the block size: 7 for B=16, 4 for B=8.",
-        weight=abs(gamma / expected - 1.0),
-    )]
+    return [
+        Finding(
+            code="loss_decay_gamma",
+            severity="warning",
+            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)) if ctx.n else (0, 0),
+            summary=(
+                f"loss decay gamma={gamma:g} does not match block size {block} (expected ~{expected:g}): "
+                + ("later positions are under-weighted" if gamma < expected else "early positions lose weight")
+            ),
+            evidence={"gamma": float(gamma), "block_size": block, "expected_gamma": expected},
+            advice="Leave loss.gamma unset (null) so it is derived from the block size: 7 for B=16, 4 for B=8.",
+            weight=abs(gamma / expected - 1.0),
+        )
+    ]

@@ -78,20 +78,31 @@ def checkpoint_stall(ctx: Context) -> list[Finding]:
     parts = [f"{len(spans)} of {len(ckpts)} checkpoints held things up ({', '.join(held)})"]
     if logging_only:
         parts.append(f"in {logging_only} only logging stopped while training went on")
-    return [Finding(
-        code="checkpoint_stall",
-        severity="warning",
-        steps=(spans[0][0], spans[-1][1]),
-        summary="; ".join(parts),
-        evidence={"stalls": len(spans), "checkpoints": len(ckpts), "max_stall_s": worst,
-                  "median_stall_s": float(np.median(stalls)), "total_stall_s": float(np.sum(stalls)),
-                  "share_of_run_time": float(np.sum(stalls)) / total_time if total_time > 0 else math.nan,
-                  "missing_records": missing, "logging_only": logging_only, "threshold_s": threshold},
-        advice=("Stage the state between steps and write it in the background (train.save_every can also "
-                "be raised); never let a save block the logger, or the next metric window will mislead."),
-        weight=float(np.sum(stalls)) + missing,
-        spans=spans,
-    )]
+    return [
+        Finding(
+            code="checkpoint_stall",
+            severity="warning",
+            steps=(spans[0][0], spans[-1][1]),
+            summary="; ".join(parts),
+            evidence={
+                "stalls": len(spans),
+                "checkpoints": len(ckpts),
+                "max_stall_s": worst,
+                "median_stall_s": float(np.median(stalls)),
+                "total_stall_s": float(np.sum(stalls)),
+                "share_of_run_time": float(np.sum(stalls)) / total_time if total_time > 0 else math.nan,
+                "missing_records": missing,
+                "logging_only": logging_only,
+                "threshold_s": threshold,
+            },
+            advice=(
+                "Stage the state between steps and write it in the background (train.save_every can also "
+                "be raised); never let a save block the logger, or the next metric window will mislead."
+            ),
+            weight=float(np.sum(stalls)) + missing,
+            spans=spans,
+        )
+    ]
 
 
 def _run_seconds(ctx: Context) -> float:
@@ -129,8 +140,9 @@ def _stall_threshold(ctx: Context) -> float:
     return max(UNEXPLAINED_STALL_S, 10.0 * sec) if math.isfinite(sec) else math.inf
 
 
-def _gap_finding(ctx: Context, rows: np.ndarray, gaps: dict[str, np.ndarray], prev: np.ndarray, severity: str,
-                 period: int | None) -> Finding:
+def _gap_finding(
+    ctx: Context, rows: np.ndarray, gaps: dict[str, np.ndarray], prev: np.ndarray, severity: str, period: int | None
+) -> Finding:
     lost = gaps["missing"][rows] > 0
     missing = int(gaps["missing"][rows].sum())
     stall_rows = rows[gaps["excess"][rows] >= _stall_threshold(ctx)]
@@ -142,8 +154,10 @@ def _gap_finding(ctx: Context, rows: np.ndarray, gaps: dict[str, np.ndarray], pr
         parts.append(plural(missing, "step record") + " missing" + (went_on if only_logging else ""))
     if len(stall_rows):
         parts.append(f"training stalled {len(stall_rows)}x, worst {gaps['excess'][stall_rows].max():.0f} s")
-    advice = ("Every step must reach the log: write records from the training loop (not a monitor thread) "
-              "and flush each line; for stalls, look at what else ran at that time (eval, saves, data).")
+    advice = (
+        "Every step must reach the log: write records from the training loop (not a monitor thread) "
+        "and flush each line; for stalls, look at what else ran at that time (eval, saves, data)."
+    )
     if period:
         parts.append(f"on a {period}-step period, so most likely scheduled evals or saves that wrote no record")
         advice = "Write an eval/checkpoint record for scheduled work so its pauses are accounted for."
@@ -152,9 +166,14 @@ def _gap_finding(ctx: Context, rows: np.ndarray, gaps: dict[str, np.ndarray], pr
         severity=severity,
         steps=(spans[0][0], spans[-1][1]),
         summary="; ".join(parts),
-        evidence={"gaps": len(rows), "missing_records": missing, "stalls": len(stall_rows),
-                  "max_stall_s": float(gaps["excess"][stall_rows].max()) if len(stall_rows) else 0.0,
-                  "logging_only": only_logging, "period_steps": period or math.nan},
+        evidence={
+            "gaps": len(rows),
+            "missing_records": missing,
+            "stalls": len(stall_rows),
+            "max_stall_s": float(gaps["excess"][stall_rows].max()) if len(stall_rows) else 0.0,
+            "logging_only": only_logging,
+            "period_steps": period or math.nan,
+        },
         advice=advice,
         weight=float(missing + len(stall_rows) * 10),
         spans=spans,
@@ -201,22 +220,33 @@ def window_artifact(ctx: Context) -> list[Finding]:
     window = ctx.dstep[worst]
     spans = [(ctx.step_at(r - 1), ctx.step_at(r)) for r in rows]
     after_gap = int(np.sum([(r >= 1) and (ctx.dstep[r - 1] >= 2 * ctx.stride) for r in rows]))
-    return [Finding(
-        code="window_artifact",
-        severity="warning",
-        steps=(spans[0][0], spans[-1][1]),
-        summary=(f"{plural(len(rows), 'logged value')} averaged only {window:.0f} steps "
-                 f"(usual window {ctx.stride:.0f}); "
-                 f"one shows loss {loss[worst]:.3g} vs level {math.exp(fit.trend[worst] + fit.offset[worst]):.3g} "
-                 f"at step {ctx.step_at(worst)}"),
-        evidence={"rows": len(rows), "window_steps": float(window), "usual_window": ctx.stride,
-                  "loss": float(loss[worst]), "level": math.exp(fit.trend[worst] + fit.offset[worst]),
-                  "after_gap": after_gap},
-        advice=("This is the monitor, not the model: a short window after a stalled logger lets one batch "
-                "dominate. Log every step (or weight windows by their step count) before acting on it."),
-        weight=float(np.abs(z[worst])),
-        spans=spans,
-    )]
+    return [
+        Finding(
+            code="window_artifact",
+            severity="warning",
+            steps=(spans[0][0], spans[-1][1]),
+            summary=(
+                f"{plural(len(rows), 'logged value')} averaged only {window:.0f} steps "
+                f"(usual window {ctx.stride:.0f}); "
+                f"one shows loss {loss[worst]:.3g} vs level {math.exp(fit.trend[worst] + fit.offset[worst]):.3g} "
+                f"at step {ctx.step_at(worst)}"
+            ),
+            evidence={
+                "rows": len(rows),
+                "window_steps": float(window),
+                "usual_window": ctx.stride,
+                "loss": float(loss[worst]),
+                "level": math.exp(fit.trend[worst] + fit.offset[worst]),
+                "after_gap": after_gap,
+            },
+            advice=(
+                "This is the monitor, not the model: a short window after a stalled logger lets one batch "
+                "dominate. Log every step (or weight windows by their step count) before acting on it."
+            ),
+            weight=float(np.abs(z[worst])),
+            spans=spans,
+        )
+    ]
 
 
 def queue_drain(ctx: Context) -> list[Finding]:
@@ -245,20 +275,36 @@ def queue_drain(ctx: Context) -> list[Finding]:
     remaining = (float(total) - ctx.step[-1]) if isinstance(total, int | float) else math.inf
     soon = steps_left <= max(remaining, 0.5 * (ctx.step[-1] - ctx.step[0]))
     hours = steps_left * sec / 3600 if math.isfinite(sec) else math.nan
-    when = (f"empty in ~{steps_left:.0f} steps" + (f" (~{hours:.1f} h)" if math.isfinite(hours) else "")
-            if math.isfinite(steps_left) else "")
-    return [Finding(
-        code="queue_drain",
-        severity="warning" if soon else "info",
-        steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
-        summary=f"prefetch queue drains steadily from {first:.1f} to {last:.1f} (of {cap:.0f}); {when}".rstrip("; "),
-        evidence={"depth_start": first, "depth_end": last, "capacity": cap, "slope_per_1k_steps": 1000 * slope,
-                  "steps_to_empty": steps_left, "hours_to_empty": hours, "spearman": rho},
-        advice=("The loader is slower than the trainer: raise data.num_workers or prefetch_depth, cache the "
-                "tokenized data, and check that batch building is not redone each epoch."),
-        weight=(first - last) / cap,
-        spans=[(ctx.step_at(rows[0]), ctx.step_at(rows[-1]))],
-    )]
+    when = (
+        f"empty in ~{steps_left:.0f} steps" + (f" (~{hours:.1f} h)" if math.isfinite(hours) else "")
+        if math.isfinite(steps_left)
+        else ""
+    )
+    return [
+        Finding(
+            code="queue_drain",
+            severity="warning" if soon else "info",
+            steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
+            summary=f"prefetch queue drains steadily from {first:.1f} to {last:.1f} (of {cap:.0f}); {when}".rstrip(
+                "; "
+            ),
+            evidence={
+                "depth_start": first,
+                "depth_end": last,
+                "capacity": cap,
+                "slope_per_1k_steps": 1000 * slope,
+                "steps_to_empty": steps_left,
+                "hours_to_empty": hours,
+                "spearman": rho,
+            },
+            advice=(
+                "The loader is slower than the trainer: raise data.num_workers or prefetch_depth, cache the "
+                "tokenized data, and check that batch building is not redone each epoch."
+            ),
+            weight=(first - last) / cap,
+            spans=[(ctx.step_at(rows[0]), ctx.step_at(rows[-1]))],
+        )
+    ]
 
 
 def data_wait(ctx: Context) -> list[Finding]:
@@ -283,10 +329,18 @@ def data_wait(ctx: Context) -> list[Finding]:
     return [_data_wait_finding(ctx, "warning", total_share, stretches, rows, size, share)]
 
 
-def _data_wait_finding(ctx: Context, severity: str, total_share: float, stretches: list[tuple[int, int]],
-                       rows: np.ndarray, size: int, share: np.ndarray) -> Finding:
-    spans = [(ctx.step_at(rows[a * size]), ctx.step_at(rows[min(len(rows) - 1, (b + 1) * size - 1)]))
-             for a, b in stretches]
+def _data_wait_finding(
+    ctx: Context,
+    severity: str,
+    total_share: float,
+    stretches: list[tuple[int, int]],
+    rows: np.ndarray,
+    size: int,
+    share: np.ndarray,
+) -> Finding:
+    spans = [
+        (ctx.step_at(rows[a * size]), ctx.step_at(rows[min(len(rows) - 1, (b + 1) * size - 1)])) for a, b in stretches
+    ]
     worst = float(share.max())
     where = f"; above 20% in {len(spans)} stretches, worst {100 * worst:.0f}%" if spans else ""
     q = ctx.t.get("queue_depth")
@@ -300,8 +354,10 @@ def _data_wait_finding(ctx: Context, severity: str, total_share: float, stretche
         steps=spans[0][0:1] + spans[-1][1:2] if spans else (ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
         summary=f"the trainer waits for data {100 * total_share:.1f}% of step time{where}",
         evidence=evidence,
-        advice=("The GPU idles on input: more loader workers, a deeper prefetch queue, a tokenization cache, "
-                "and batch plans built ahead of the epoch boundary."),
+        advice=(
+            "The GPU idles on input: more loader workers, a deeper prefetch queue, a tokenization cache, "
+            "and batch plans built ahead of the epoch boundary."
+        ),
         weight=total_share,
         spans=spans,
     )
@@ -329,7 +385,7 @@ def throughput_drift(ctx: Context) -> list[Finding]:
         if sel.sum() >= 10:
             y[sel] -= np.median(y[sel])
     rows = np.flatnonzero(ok)
-    rows = rows[int(0.02 * len(rows)):]
+    rows = rows[int(0.02 * len(rows)) :]
     k = len(rows) // 5
     if k < 20:
         return []
@@ -342,14 +398,20 @@ def throughput_drift(ctx: Context) -> list[Finding]:
     unit = "tok/s" if (t.has("tokens") or t.has("tok_per_s")) else "steps/s"
     raw = tp[rows]
     first, last = float(np.nanmedian(raw[:k])), float(np.nanmedian(raw[-k:]))
-    return [Finding(
-        code="throughput_drift",
-        severity="warning",
-        steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
-        summary=f"throughput fell {100 * (1 - ratio):.0f}% over the run ({first:.4g} -> {last:.4g} {unit}, per bucket)",
-        evidence={"ratio_late_to_early": ratio, "early": first, "late": last, "spearman": rho},
-        advice=("Something grows with time: memory fragmentation (watch mem_gb), a leak in the loop, "
-                "thermal throttling, or a neighbour on the machine. Compare a fresh restart's speed."),
-        weight=1.0 - ratio,
-        spans=[(ctx.step_at(rows[0]), ctx.step_at(rows[-1]))],
-    )]
+    return [
+        Finding(
+            code="throughput_drift",
+            severity="warning",
+            steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
+            summary=(
+                f"throughput fell {100 * (1 - ratio):.0f}% over the run ({first:.4g} -> {last:.4g} {unit}, per bucket)"
+            ),
+            evidence={"ratio_late_to_early": ratio, "early": first, "late": last, "spearman": rho},
+            advice=(
+                "Something grows with time: memory fragmentation (watch mem_gb), a leak in the loop, "
+                "thermal throttling, or a neighbour on the machine. Compare a fresh restart's speed."
+            ),
+            weight=1.0 - ratio,
+            spans=[(ctx.step_at(rows[0]), ctx.step_at(rows[-1]))],
+        )
+    ]

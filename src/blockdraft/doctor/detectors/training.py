@@ -50,24 +50,35 @@ def nonfinite(ctx: Context) -> list[Finding]:
     noun = "steps" if len(rows) > 1 else "step"
     if guarded:
         summary = f"{len(rows)} {noun} had non-finite values ({fields_text}); the guard skipped every one"
-        advice = ("The guard worked, but find the cause: look at those batches (skip records list them), "
-                  "lower the LR, or check for an fp16 overflow.")
+        advice = (
+            "The guard worked, but find the cause: look at those batches (skip records list them), "
+            "lower the LR, or check for an fp16 overflow."
+        )
     else:
-        summary = (f"{len(rows)} {noun} had non-finite values ({fields_text}) and {int((~skipped).sum())} "
-                   f"{'was' if (~skipped).sum() == 1 else 'were'} applied")
-        advice = ("Weights after the first unguarded step may be corrupt: resume from the last checkpoint "
-                  "before it (run `blockdraft ckpt-scan`), and enable the finite-value guard.")
-    return [Finding(
-        code="nonfinite",
-        severity="warning" if guarded else "error",
-        steps=(first, last),
-        summary=summary,
-        evidence={"rows": len(rows), "unguarded": int((~skipped).sum()),
-                  **{f"{k}_rows": v for k, v in per_field.items()}},
-        advice=advice,
-        weight=float(len(rows)),
-        spans=[(ctx.step_at(r), ctx.step_at(r)) for r in rows[:200]],
-    )]
+        summary = (
+            f"{len(rows)} {noun} had non-finite values ({fields_text}) and {int((~skipped).sum())} "
+            f"{'was' if (~skipped).sum() == 1 else 'were'} applied"
+        )
+        advice = (
+            "Weights after the first unguarded step may be corrupt: resume from the last checkpoint "
+            "before it (run `blockdraft ckpt-scan`), and enable the finite-value guard."
+        )
+    return [
+        Finding(
+            code="nonfinite",
+            severity="warning" if guarded else "error",
+            steps=(first, last),
+            summary=summary,
+            evidence={
+                "rows": len(rows),
+                "unguarded": int((~skipped).sum()),
+                **{f"{k}_rows": v for k, v in per_field.items()},
+            },
+            advice=advice,
+            weight=float(len(rows)),
+            spans=[(ctx.step_at(r), ctx.step_at(r)) for r in rows[:200]],
+        )
+    ]
 
 
 def skipped_steps(ctx: Context) -> list[Finding]:
@@ -95,17 +106,21 @@ def skipped_steps(ctx: Context) -> list[Finding]:
     severity = "warning" if (count >= 4 or frac >= 1e-3 or rollbacks) else "info"
     reason_text = ", ".join(f"{k} x{v}" for k, v in reasons.most_common(3))
     roll = f", {len(rollbacks)} rollbacks" if rollbacks else ""
-    return [Finding(
-        code="skipped_steps",
-        severity=severity,
-        steps=(min(a for a, _ in spans), max(b for _, b in spans)),
-        summary=f"{count} updates skipped by the guard ({reason_text}){roll}; longest burst spans {longest} steps",
-        evidence={"skipped": count, "fraction": frac, "bursts": len(spans), "rollbacks": len(rollbacks)},
-        advice=("Skips hide bad batches rather than fix them: inspect the skip records' batch ids and buckets; "
-                "a burst means the model or the LR, not one batch, is the problem."),
-        weight=float(count),
-        spans=spans,
-    )]
+    return [
+        Finding(
+            code="skipped_steps",
+            severity=severity,
+            steps=(min(a for a, _ in spans), max(b for _, b in spans)),
+            summary=f"{count} updates skipped by the guard ({reason_text}){roll}; longest burst spans {longest} steps",
+            evidence={"skipped": count, "fraction": frac, "bursts": len(spans), "rollbacks": len(rollbacks)},
+            advice=(
+                "Skips hide bad batches rather than fix them: inspect the skip records' batch ids and buckets; "
+                "a burst means the model or the LR, not one batch, is the problem."
+            ),
+            weight=float(count),
+            spans=spans,
+        )
+    ]
 
 
 def _nonfinite_reason(reason: object) -> bool:
@@ -124,7 +139,7 @@ def spike_events(ctx: Context) -> list[Event]:
         flags = (z >= SPIKE_Z) & (fit.resid >= math.log(SPIKE_RATIO))
         flags &= ~ctx.small_window
         for a, b in stats.events(flags, max_gap=2):
-            seg = fit.resid[a:b + 1]
+            seg = fit.resid[a : b + 1]
             peak = a + int(np.nanargmax(seg))
             out.append(Event(a, b, peak, float(math.exp(fit.resid[peak]))))
     ctx.shared["spikes"] = out
@@ -150,14 +165,15 @@ def level_drops(ctx: Context) -> tuple[list[Event], str]:
         acc_level = np.exp(fit.trend)
         top = np.nanmax(acc_level) if np.isfinite(acc_level).any() else 0.0
         block_level, _ = stats.block_medians(acc_level, CLIFF_BLOCK)
-        usable = (block_level >= max(0.02, 0.25 * top))
+        usable = block_level >= max(0.02, 0.25 * top)
     events: list[Event] = []
     if len(meds) > CLIFF_PRE_BLOCKS + 2:
         windows = np.lib.stride_tricks.sliding_window_view(meds, CLIFF_PRE_BLOCKS)[:-1]
         with np.errstate(all="ignore"):
             pre = np.full(len(meds), np.nan)
-            pre[CLIFF_PRE_BLOCKS:] = np.nanmedian(windows, axis=1) if np.isnan(windows).any() else np.median(
-                windows, axis=1)
+            pre[CLIFF_PRE_BLOCKS:] = (
+                np.nanmedian(windows, axis=1) if np.isnan(windows).any() else np.median(windows, axis=1)
+            )
         ok_run = np.lib.stride_tricks.sliding_window_view(usable, CLIFF_PRE_BLOCKS)[:-1].all(axis=1)
         usable_pre = np.zeros(len(meds), dtype=bool)
         usable_pre[CLIFF_PRE_BLOCKS:] = ok_run
@@ -170,7 +186,7 @@ def level_drops(ctx: Context) -> tuple[list[Event], str]:
             if j < next_free:
                 continue
             onset = _onset_row(y, j * CLIFF_BLOCK, pre[j] - drop)
-            back = np.flatnonzero(meds[j + 1:] >= pre[j] - RECOVERED)
+            back = np.flatnonzero(meds[j + 1 :] >= pre[j] - RECOVERED)
             end_block = j + 1 + int(back[0]) if len(back) else len(meds)
             trough = float(np.nanmin(meds[j:end_block]))
             last_row = min(ctx.n - 1, end_block * CLIFF_BLOCK) if len(back) else ctx.n - 1
@@ -182,10 +198,10 @@ def level_drops(ctx: Context) -> tuple[list[Event], str]:
 
 def _onset_row(y: np.ndarray, block_start: int, threshold: float) -> int:
     lo = max(0, block_start - CLIFF_BLOCK)
-    seg = y[lo:block_start + CLIFF_BLOCK]
+    seg = y[lo : block_start + CLIFF_BLOCK]
     below = np.flatnonzero(seg <= threshold)
     for i in below:
-        ahead = seg[i:i + 5]
+        ahead = seg[i : i + 5]
         if np.mean(ahead <= threshold) >= 0.6:
             return lo + int(i)
     return block_start
@@ -211,12 +227,18 @@ def loss_spike(ctx: Context) -> list[Finding]:
     if events:
         worst = max(events, key=lambda e: e.ratio)
         base = float(np.exp(fit.trend[worst.peak_row] + fit.offset[worst.peak_row]))
-        evidence.update({
-            "max_ratio": worst.ratio, "max_loss": float(loss[worst.peak_row]), "baseline_at_max": base,
-            "max_step": ctx.step_at(worst.peak_row), "per_10k_steps": 1e4 * len(events) / max(1, ctx.n),
-            "skipped": int(sum(skipped[e.peak_row] for e in events)), "after_checkpoint": after_ckpt,
-            "in_same_bucket_run": in_run,
-        })
+        evidence.update(
+            {
+                "max_ratio": worst.ratio,
+                "max_loss": float(loss[worst.peak_row]),
+                "baseline_at_max": base,
+                "max_step": ctx.step_at(worst.peak_row),
+                "per_10k_steps": 1e4 * len(events) / max(1, ctx.n),
+                "skipped": int(sum(skipped[e.peak_row] for e in events)),
+                "after_checkpoint": after_ckpt,
+                "in_same_bucket_run": in_run,
+            }
+        )
         grad = ctx.t.get("grad_norm")
         if np.isfinite(grad).any():
             med = float(np.nanmedian(grad))
@@ -236,22 +258,31 @@ def loss_spike(ctx: Context) -> list[Finding]:
         parts.append(f"{plural(len(sustained), 'sustained loss jump')} (resets) lasting up to {longest} steps")
     big = any(r >= BIG_SPIKE_RATIO for r in ratios) or len(events) >= 5 or bool(sustained)
     spans = [(ctx.step_at(e.first_row), ctx.step_at(e.last_row)) for e in events + sustained]
-    return [Finding(
-        code="loss_spike",
-        severity="warning" if big else "info",
-        steps=(min(a for a, _ in spans), max(b for _, b in spans)),
-        summary="; ".join(parts),
-        evidence=evidence,
-        advice=("Look at the spiking batches (bucket, length, content). If spikes follow long runs of one "
-                "bucket, interleave buckets; if they recur, lower the LR or beta2, or let the guard skip them."),
-        weight=float(max(ratios, default=2.0) * (len(events) + len(sustained))),
-        spans=spans,
-    )]
+    return [
+        Finding(
+            code="loss_spike",
+            severity="warning" if big else "info",
+            steps=(min(a for a, _ in spans), max(b for _, b in spans)),
+            summary="; ".join(parts),
+            evidence=evidence,
+            advice=(
+                "Look at the spiking batches (bucket, length, content). If spikes follow long runs of one "
+                "bucket, interleave buckets; if they recur, lower the LR or beta2, or let the guard skip them."
+            ),
+            weight=float(max(ratios, default=2.0) * (len(events) + len(sustained))),
+            spans=spans,
+        )
+    ]
 
 
 def _rows_after_checkpoints(ctx: Context, rows: list[int], within: int) -> int:
-    ckpt = np.array(sorted(float(r.get("step", np.nan)) for r in ctx.run.of_kind("checkpoint")
-                           if isinstance(r.get("step"), int | float)))
+    ckpt = np.array(
+        sorted(
+            float(r.get("step", np.nan))
+            for r in ctx.run.of_kind("checkpoint")
+            if isinstance(r.get("step"), int | float)
+        )
+    )
     if not len(ckpt) or not rows:
         return 0
     steps = ctx.step[np.array(rows)]
@@ -278,16 +309,21 @@ def accuracy_cliff(ctx: Context) -> list[Finding]:
     findings = []
     for e in drops:
         recovered = e.peak_row >= 0
-        pre = acc[max(0, e.first_row - 60):e.first_row]
+        pre = acc[max(0, e.first_row - 60) : e.first_row]
         before = float(np.nanmedian(pre)) if np.isfinite(pre).any() else math.nan
-        trough_rows = acc[e.first_row:min(ctx.n, e.first_row + 40)]
+        trough_rows = acc[e.first_row : min(ctx.n, e.first_row + 40)]
         after = float(np.nanmedian(trough_rows)) if np.isfinite(trough_rows).any() else math.nan
         recovery = int(ctx.step[e.last_row] - ctx.step[e.first_row]) if recovered else None
-        evidence = {"acc_before": before, "acc_after": after, "depth_ratio": e.ratio,
-                    "recovery_steps": recovery if recovery is not None else math.nan, "recovered": int(recovered)}
+        evidence = {
+            "acc_before": before,
+            "acc_after": after,
+            "depth_ratio": e.ratio,
+            "recovery_steps": recovery if recovery is not None else math.nan,
+            "recovered": int(recovered),
+        }
         if np.isfinite(loss).any():
-            lb = loss[max(0, e.first_row - 60):e.first_row]
-            la = loss[e.first_row:min(ctx.n, e.first_row + 40)]
+            lb = loss[max(0, e.first_row - 60) : e.first_row]
+            la = loss[e.first_row : min(ctx.n, e.first_row + 40)]
             if np.isfinite(lb).any() and np.isfinite(la).any():
                 evidence["loss_before"] = float(np.nanmedian(lb))
                 evidence["loss_after"] = float(np.nanmedian(la))
@@ -295,17 +331,21 @@ def accuracy_cliff(ctx: Context) -> list[Finding]:
             evidence["after_checkpoint"] = 1
         first = ctx.step_at(e.first_row)
         tail = f"recovered after {recovery} steps" if recovered else "not recovered by the end of the log"
-        findings.append(Finding(
-            code="accuracy_cliff",
-            severity="warning" if recovered else "error",
-            steps=(first, ctx.step_at(e.last_row)),
-            summary=f"accuracy fell from {before:.3g} to {after:.3g} at step {first} and {tail}",
-            evidence=evidence,
-            advice=("A bad update pushed the weights off: check the batches just before (bucket runs, spikes, "
-                    "grad norm), the LR at that point, and whether a checkpoint or resume happened there."),
-            weight=(1.0 - e.ratio) * (recovery or ctx.n),
-            spans=[(first, ctx.step_at(e.last_row))],
-        ))
+        findings.append(
+            Finding(
+                code="accuracy_cliff",
+                severity="warning" if recovered else "error",
+                steps=(first, ctx.step_at(e.last_row)),
+                summary=f"accuracy fell from {before:.3g} to {after:.3g} at step {first} and {tail}",
+                evidence=evidence,
+                advice=(
+                    "A bad update pushed the weights off: check the batches just before (bucket runs, spikes, "
+                    "grad norm), the LR at that point, and whether a checkpoint or resume happened there."
+                ),
+                weight=(1.0 - e.ratio) * (recovery or ctx.n),
+                spans=[(first, ctx.step_at(e.last_row))],
+            )
+        )
     return findings
 
 
@@ -318,7 +358,7 @@ def plateau(ctx: Context) -> list[Finding]:
     w = max(10, ctx.n // 20)
     start = int(0.02 * ctx.n)
     tail_from = int(0.65 * ctx.n)
-    learned = float(np.nanmedian(level[start:start + w]) - np.nanmedian(level[tail_from:tail_from + w]))
+    learned = float(np.nanmedian(level[start : start + w]) - np.nanmedian(level[tail_from : tail_from + w]))
     meds, centres = stats.block_medians((fit.trend + fit.resid)[tail_from:], max(5, (ctx.n - tail_from) // 20))
     tail_gain = -stats.theil_sen(centres, meds) * (ctx.n - tail_from)
     if not (np.isfinite(learned) and np.isfinite(tail_gain)):
@@ -336,17 +376,28 @@ def plateau(ctx: Context) -> list[Finding]:
     since = int(flat_rows[-1]) + 1 if len(flat_rows) else 0
     since = min(since, tail_from)
     span = (ctx.step_at(since), ctx.step_at(ctx.n - 1))
-    return [Finding(
-        code="plateau",
-        severity="info",
-        steps=span,
-        summary=(f"loss stopped improving at step {span[0]} (level {math.exp(final):.3g}) for the last "
-                 f"{100 * (ctx.n - since) / ctx.n:.0f}% of the log"
-                 + (f" while the LR was still {100 * lr_share:.0f}% of peak" if math.isfinite(lr_share) else "")),
-        evidence={"plateau_from_step": span[0], "loss_level": math.exp(final), "tail_gain_log": tail_gain,
-                  "lr_share_of_peak": lr_share, "fraction_of_run": (ctx.n - since) / ctx.n},
-        advice=("More steps at this LR buy little: decay the LR (cosine), add or refresh data (regenerate "
-                "on-policy), or stop early and spend the compute elsewhere."),
-        weight=(ctx.n - since) / ctx.n,
-        spans=[span],
-    )]
+    return [
+        Finding(
+            code="plateau",
+            severity="info",
+            steps=span,
+            summary=(
+                f"loss stopped improving at step {span[0]} (level {math.exp(final):.3g}) for the last "
+                f"{100 * (ctx.n - since) / ctx.n:.0f}% of the log"
+                + (f" while the LR was still {100 * lr_share:.0f}% of peak" if math.isfinite(lr_share) else "")
+            ),
+            evidence={
+                "plateau_from_step": span[0],
+                "loss_level": math.exp(final),
+                "tail_gain_log": tail_gain,
+                "lr_share_of_peak": lr_share,
+                "fraction_of_run": (ctx.n - since) / ctx.n,
+            },
+            advice=(
+                "More steps at this LR buy little: decay the LR (cosine), add or refresh data (regenerate "
+                "on-policy), or stop early and spend the compute elsewhere."
+            ),
+            weight=(ctx.n - since) / ctx.n,
+            spans=[span],
+        )
+    ]

@@ -1,0 +1,64 @@
+"""The step guard: decides, from the step's already-synced metrics, whether an update may be applied.
+
+Why: one non-finite or wildly outlying batch must not reach the weights or Adam's moments (the
+incident had no NaN detection at all). The decision uses only host floats the loop fetches anyway
+(the one metrics sync per step), so guarding costs no extra device round trip.
+
+Spike test, per length bucket (buckets differ in typical loss): a value is a spike when it exceeds
+median + k * MAD of the last `window` accepted values of that bucket, once `min_history` values exist.
+MAD is floored at 1e-3 * |median| so a flat history does not turn ordinary noise into spikes.
+Skipped values never enter the window, so a run of spikes cannot raise the bar for itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict, deque
+from statistics import median
+
+from blockdraft.config import GuardConfig
+
+
+def batch_id(epoch: int, index_in_epoch: int) -> str:
+    """A batch's identity in the (seeded, fingerprinted) batch plan: stable across resumes."""
+    return f"{epoch}:{index_in_epoch}"
+
+
+class StepGuard:
+    def __init__(self, cfg: GuardConfig) -> None:
+        self.cfg = cfg
+        self._history: dict[tuple[str, int], deque[float]] = defaultdict(lambda: deque(maxlen=cfg.window))
+        self.consecutive = 0
+
+    def _spike(self, name: str, bucket: int, value: float) -> bool:
+        hist = self._history[(name, bucket)]
+        if len(hist) < self.cfg.min_history:
+            return False
+        med = median(hist)
+        mad = max(median(abs(v - med) for v in hist), 1e-3 * abs(med))
+        return value > med + self.cfg.spike_k * mad
+
+    def check(self, bucket: int, loss: float, grad_norm: float) -> str | None:
+        """The reason to skip this step, or None to apply it (and remember its values)."""
+        if not self.cfg.enabled:
+            return None
+        reason = None
+        if not math.isfinite(loss):
+            reason = "nonfinite_loss"
+        elif not math.isfinite(grad_norm):
+            reason = "nonfinite_grad_norm"
+        elif self._spike("loss", bucket, loss):
+            reason = "loss_spike"
+        elif self.cfg.check_grad_norm and self._spike("grad_norm", bucket, grad_norm):
+            reason = "grad_norm_spike"
+        if reason is None:
+            self._history[("loss", bucket)].append(loss)
+            self._history[("grad_norm", bucket)].append(grad_norm)
+            self.consecutive = 0
+        else:
+            self.consecutive += 1
+        return reason
+
+    @property
+    def must_roll_back(self) -> bool:
+        return self.consecutive >= self.cfg.max_consecutive_skips
