@@ -11,8 +11,8 @@ from blockdraft.doctor import synthetic
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory):
     root = tmp_path_factory.mktemp("logs")
-    clean = synthetic.generate(21, n_steps=2500, style="ours").write(root / "clean.jsonl")
-    sick = synthetic.generate(21, anomalies=["homogeneous_batches", "nonfinite"], n_steps=2500, style="ours").write(
+    clean = synthetic.generate(21, n_steps=1500, style="ours").write(root / "clean.jsonl")
+    sick = synthetic.generate(21, anomalies=["homogeneous_batches", "nonfinite"], n_steps=1500, style="ours").write(
         root / "sick.jsonl"
     )
     return clean, sick

@@ -64,7 +64,7 @@ def test_slow_checkpoint_is_reported_when_written():
 
 
 def test_live_finds_the_incident_and_stays_cheap():
-    run = synthetic.generate(7, anomalies=["homogeneous_batches", "loss_decay_gamma"], n_steps=3000, style="ours")
+    run = synthetic.generate(7, anomalies=["homogeneous_batches", "loss_decay_gamma"], n_steps=1500, style="ours")
     doctor = LiveDoctor()
     found = []
     start = time.perf_counter()
@@ -81,7 +81,13 @@ def test_live_finds_the_incident_and_stays_cheap():
 
 
 def test_clean_run_is_silent_live():
-    run = synthetic.generate(12, n_steps=3000, style="ours")
+    run = synthetic.generate(12, n_steps=1500, style="ours")
     doctor = LiveDoctor()
     found = [f for rec in run.records for f in doctor.observe(json.loads(json.dumps(rec)))]
     assert not found
+
+
+def test_nonfinite_list_from_our_writer():
+    doctor = LiveDoctor()
+    found = doctor.observe({"kind": "step", "step": 7, "loss": None, "nonfinite": ["loss"], "skipped": False})
+    assert [(f.code, f.severity) for f in found] == [("nonfinite", "error")]

@@ -117,3 +117,19 @@ def test_resume_starts_a_new_segment():
     data = "".join(json.dumps(r) + "\n" for r in recs).encode()
     run = parse_log_bytes(data, {})
     assert run.steps.segment.tolist() == [0] * 10 + [1] * 5
+
+
+def test_our_writers_null_plus_nonfinite_list_counts_as_nonfinite():
+    """The trainer writes NaN/Inf as null and names the fields in `nonfinite` (compact separators)."""
+    recs = [_step(i) for i in range(1, 6)]
+    recs[2].update(loss=None, grad_norm=None, nonfinite=["loss", "grad_norm"], skipped=True)
+    data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in recs).encode()
+    run = parse_log_bytes(data, {})
+    assert run.steps.nonfinite("loss").tolist() == [False, False, True, False, False]
+    assert run.steps.nonfinite("grad_norm").sum() == 1 and run.steps.nonfinite("acc").sum() == 0
+
+
+def test_a_guarded_step_shares_its_number_without_splitting_the_run():
+    recs = [_step(i) for i in (1, 2, 3, 3, 4, 5)]
+    data = "".join(json.dumps(r) + "\n" for r in recs).encode()
+    assert parse_log_bytes(data, {}).steps.segment.tolist() == [0] * 6

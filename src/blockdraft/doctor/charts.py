@@ -31,7 +31,7 @@ def _plt():
 
 def _png(fig) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=90)
     _plt().close(fig)
     return buf.getvalue()
 
@@ -68,6 +68,7 @@ def _xspan(ax) -> float:
 
 def _axes(title: str, ylabel: str, height: float = 3.0):
     fig, ax = _plt().subplots(figsize=(11, height))
+    fig.subplots_adjust(left=0.08, right=0.92, top=0.88, bottom=0.17)
     ax.set_title(title, loc="left", fontsize=11)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
@@ -202,6 +203,7 @@ def bucket_chart(run: RunLog) -> bytes | None:
         return None
     plt = _plt()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 2.8), gridspec_kw={"width_ratios": [4, 1]})
+    fig.subplots_adjust(left=0.08, right=0.97, top=0.88, bottom=0.17, wspace=0.2)
     from blockdraft.doctor import stats
 
     starts, lengths, _ = stats.runs(seq)

@@ -43,7 +43,12 @@ class Context:
         values = self.t.get(name)
         ok = np.isfinite(values) & (values > 0) & ~self.small_window
         y = np.where(ok, np.log(np.maximum(values, floor)), np.nan)
-        return stats.bucket_fit(y, self.groups, TREND_BLOCK, self.t.segment)
+        return stats.bucket_fit(y, self.groups, self.trend_block, self.t.segment)
+
+    @cached_property
+    def trend_block(self) -> int:
+        """Rows per block of the running level: 25, fewer for short logs so the first fall is followed."""
+        return int(min(TREND_BLOCK, max(5, self.n // 40)))
 
     @cached_property
     def loss_fit(self) -> stats.BucketFit | None:
@@ -118,4 +123,7 @@ class Context:
         return np.flatnonzero((self.step >= first_step) & (self.step <= last_step))
 
     def step_at(self, row: int) -> int:
+        """The step of a row, clamped to the log (0 for a log without step records)."""
+        if not self.n:
+            return 0
         return int(self.step[min(max(row, 0), self.n - 1)])

@@ -19,6 +19,8 @@ import numpy as np
 PREFIXES = (b'{"kind": "step"', b'{"kind":"step"')
 NAN_WATCH = ("loss", "grad_norm", "acc", "lr", "tau_est", "kl")
 NAN_SUFFIX = "!nan"
+# Our writer stores NaN/Inf as null and lists the fields here; such (rare) lines go through json.
+FLAGGED = "nonfinite"
 CHUNK_BYTES = 32 << 20
 DEFAULT_KEEP = 10
 KEEP_CHARS = {"time": 17}
@@ -175,7 +177,7 @@ def _parse_group(
     names = [
         data[int(a) + 1 : int(b)].decode("utf-8", "replace") for a, b in zip(keys_open[0], keys_end[0], strict=True)
     ]
-    if not names or names[0] != "kind" or len(set(names)) != len(names):
+    if not names or names[0] != "kind" or len(set(names)) != len(names) or FLAGGED in names:
         return None
     n, width = keys_open.shape
     value_start = keys_end + 2

@@ -102,7 +102,9 @@ class LiveDoctor:
         return True
 
     def _immediate(self, record: dict[str, Any]) -> list[Finding]:
-        bad = [name for name in WATCHED if _nonfinite(record.get(name))]
+        flagged = record.get("nonfinite")
+        flagged = flagged if isinstance(flagged, list) else []
+        bad = [name for name in WATCHED if _nonfinite(record.get(name)) or name in flagged]
         if not bad:
             return []
         step = int(record.get("step", 0))

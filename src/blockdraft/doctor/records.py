@@ -43,7 +43,6 @@ STEP_FIELDS = (
     "window",
 )
 LIST_FIELDS = ("buckets", "acc_per_pos")
-KNOWN_KINDS = ("run_start", "step", "checkpoint", "eval", "skip", "rollback", "data", "warning", "run_end")
 
 # Names other trainers commonly use; applied only when our own name is absent from a record.
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -276,20 +275,28 @@ def _number(value: Any) -> float:
     return math.nan
 
 
+def _flagged(rec: dict[str, Any]) -> tuple[str, ...]:
+    """Fields our writer found non-finite and wrote as null (the record's `nonfinite` list)."""
+    flagged = rec.get(fastjson.FLAGGED)
+    return tuple(str(f) for f in flagged) if isinstance(flagged, list) else ()
+
+
 def _slow_columns(step_dicts: list[tuple[int, dict[str, Any]]]) -> dict[str, np.ndarray]:
     cols: dict[str, np.ndarray] = {}
     dicts = [d for _, d in step_dicts]
     for name in STEP_FIELDS:
         values = [d.get(name) for d in dicts]
-        if all(v is None for v in values):
+        flagged = [name in _flagged(d) for d in dicts] if name in fastjson.NAN_WATCH else []
+        if all(v is None for v in values) and not any(flagged):
             continue
         try:
             cols[name] = np.array(values, dtype=np.float64)
         except (TypeError, ValueError):
             cols[name] = np.array([_number(v) for v in values], dtype=np.float64)
-        if name in fastjson.NAN_WATCH:
+        if flagged:
             cols[name + fastjson.NAN_SUFFIX] = np.array(
-                [isinstance(v, float) and math.isnan(v) for v in values], dtype=np.float64
+                [(isinstance(v, float) and math.isnan(v)) or f for v, f in zip(values, flagged, strict=True)],
+                dtype=np.float64,
             )
     return cols
 
@@ -417,11 +424,12 @@ def _mean_profile(profiles: list[Any]) -> np.ndarray | None:
 
 
 def _segments(steps: np.ndarray, lines: np.ndarray, records: dict[str, list[dict[str, Any]]]) -> np.ndarray:
-    """A new segment starts at a resume or rollback, or where the step counter fails to advance."""
+    """A new segment starts at a resume or rollback, or where the step counter goes back (a guarded
+    step shares its number with the update that follows it, so equal numbers stay together)."""
     if not len(steps):
         return np.zeros(0, dtype=np.int64)
     breaks = np.zeros(len(steps), dtype=bool)
-    breaks[1:] = ~(steps[1:] > steps[:-1])
+    breaks[1:] = steps[1:] < steps[:-1]
     marks = [r.get("_line") for kind in ("run_start", "rollback") for r in records.get(kind, [])]
     marks_arr = np.array([m for m in marks if isinstance(m, int)], dtype=np.int64)
     if len(marks_arr):

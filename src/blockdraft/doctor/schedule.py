@@ -72,20 +72,28 @@ def expected_lr(run: RunLog, k: np.ndarray, decay_from_zero: bool = False) -> np
 
 
 def expected_noise(run: RunLog, k: np.ndarray) -> np.ndarray | None:
+    """Noise std at updates `k`: std*k/W during warmup, then constant or cosine from std to final_std."""
     noise = run.setting("noise")
     if not isinstance(noise, dict) or not isinstance(noise.get("std"), int | float):
         return None
     std = float(noise["std"])
     final = float(noise.get("final_std") or 0.0)
     warm = int(noise.get("warmup_steps") or 0)
+    return noise_curve(k, std, final, warm, str(noise.get("schedule") or "constant"), total_steps(run))
+
+
+def noise_curve(
+    k: np.ndarray, std: float, final: float, warmup: int, schedule: str, total: int | None
+) -> np.ndarray | None:
     k = np.asarray(k, dtype=float)
+    if std == 0.0 and final == 0.0:
+        return np.zeros(len(k))
     out = np.full(len(k), std)
-    if noise.get("schedule") == "cosine":
-        total = total_steps(run)
+    if schedule == "cosine":
         if total is None:
             return None
-        frac = np.clip(k / total, 0.0, 1.0)
+        frac = np.clip((k - warmup) / max(1, total - warmup), 0.0, 1.0)
         out = final + (std - final) * 0.5 * (1.0 + np.cos(np.pi * frac))
-    if warm > 0:
-        out = out * np.minimum(1.0, np.clip(k, 0, None) / warm)
+    if warmup > 0:
+        out = np.where(k <= warmup, std * np.clip(k, 0, None) / warmup, out)
     return out

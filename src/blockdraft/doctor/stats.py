@@ -13,14 +13,6 @@ import numpy as np
 MAD_TO_SIGMA = 1.4826
 
 
-def mad_sigma(x: np.ndarray) -> float:
-    """Standard deviation estimated from the median absolute deviation (NaNs ignored)."""
-    x = x[np.isfinite(x)]
-    if not len(x):
-        return float("nan")
-    return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
-
-
 def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Medians of consecutive blocks of `size` (NaN-aware) and each block's centre index."""
     n = len(x)
@@ -53,7 +45,8 @@ def _nanmedian_rows(rows: np.ndarray) -> np.ndarray:
 
 
 def smooth_trend(x: np.ndarray, size: int) -> np.ndarray:
-    """A robust running level of `x`: block medians, a 3-block median, linear interpolation back."""
+    """A robust running level of `x`: block medians, a 3-block median, linear interpolation back
+    (extrapolated at both ends, so the steep first steps of a run are not judged against a flat level)."""
     n = len(x)
     if n == 0:
         return np.zeros(0)
@@ -65,7 +58,15 @@ def smooth_trend(x: np.ndarray, size: int) -> np.ndarray:
     if len(meds) >= 3:
         padded = np.concatenate([meds[:1], meds, meds[-1:]])
         meds = np.median(np.stack([padded[:-2], padded[1:-1], padded[2:]]), axis=0)
-    return np.interp(np.arange(n), centres, meds)
+    level = np.interp(np.arange(n), centres, meds)
+    if len(meds) >= 2:
+        head = np.arange(n) < centres[0]
+        tail = np.arange(n) > centres[-1]
+        level[head] = meds[0] + (np.flatnonzero(head) - centres[0]) * (meds[1] - meds[0]) / (centres[1] - centres[0])
+        level[tail] = meds[-1] + (np.flatnonzero(tail) - centres[-1]) * (meds[-1] - meds[-2]) / (
+            centres[-1] - centres[-2]
+        )
+    return level
 
 
 @dataclass
@@ -78,9 +79,6 @@ class BucketFit:
     labels: np.ndarray
     resid: np.ndarray
     sigma: np.ndarray
-
-    def level(self) -> np.ndarray:
-        return self.trend + self.offset
 
 
 def bucket_fit(y: np.ndarray, groups: np.ndarray, size: int, segment: np.ndarray | None = None) -> BucketFit:

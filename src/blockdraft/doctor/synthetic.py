@@ -212,13 +212,14 @@ class _Sim:
 
     def noise_expected(self, k: np.ndarray) -> np.ndarray:
         cfg = self.noise
-        std = np.full(len(k), cfg["std"], dtype=float)
+        std, final, warm = cfg["std"], cfg["final_std"], cfg["warmup_steps"]
+        out = np.full(len(k), std, dtype=float)
         if cfg["schedule"] == "cosine":
-            frac = np.clip(k / self.total, 0, 1)
-            std = cfg["final_std"] + (cfg["std"] - cfg["final_std"]) * 0.5 * (1 + np.cos(np.pi * frac))
-        if cfg["warmup_steps"]:
-            std = std * np.minimum(1.0, k / cfg["warmup_steps"])
-        return std
+            frac = np.clip((k - warm) / max(1, self.total - warm), 0, 1)
+            out = final + (std - final) * 0.5 * (1 + np.cos(np.pi * frac))
+        if warm:
+            out = np.where(k <= warm, std * k / warm, out)
+        return out
 
     # ---- plants ----------------------------------------------------------------------------
     def _where(self, lo: float = 0.1, hi: float = 0.9) -> int:
@@ -300,7 +301,7 @@ class _Sim:
             self.missing[s : s + m] = True
             self.planted.append(Planted("logging_gap", (s, s + m + 1), "warning"))
         else:
-            self.extra_gap[s] += float(rng.uniform(30, 300)) + 30 * self.base_step_time
+            self.extra_gap[s] += float(rng.uniform(300, 900)) + 100 * self.base_step_time
             self.planted.append(Planted("logging_gap", (s, s + 1), "warning"))
 
     def plant_window_artifact(self) -> None:

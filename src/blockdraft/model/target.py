@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from blockdraft.data.tokenize import load_tokenizer
 from blockdraft.errors import UserError
 
 MASK_TOKEN_NAMES = ("<|MASK|>", "<|mask|>", "<mask>", "[MASK]")
@@ -46,15 +47,6 @@ def find_mask_token_id(tokenizer, vocab_rows: int, configured: int | None) -> in
             "resize the embeddings (model.resize_token_embeddings(len(tokenizer))) and save the target"
         )
     return token_id
-
-
-def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot load a tokenizer from {path}: {str(exc).splitlines()[0]}") from None
 
 
 class Target(nn.Module):
@@ -147,7 +139,7 @@ def load_target(path: str | Path, layer_ids: list[int] | None, device: torch.dev
     architectures = getattr(hf_config, "architectures", None) or []
     if architectures and not any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in architectures):
         raise UserError(f"{path} is a {architectures[0]}, not a causal LM (…ForCausalLM)")
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(str(path))
     if layer_ids is None:
         return None, tokenizer, hf_config
     try:

@@ -45,9 +45,9 @@ class TrainConsole:
             self._first_step, self._t0 = k, time.time()
         done = k - self._first_step + 1
         eta = (time.time() - self._t0) / done * (self.total - k) if done > 1 else 0.0
-        loss = rec["loss"] if rec["loss"] is not None else float("nan")
+        loss, acc, tau = (float("nan") if rec[f] is None else rec[f] for f in ("loss", "acc", "tau_est"))
         line = (
-            f"step {k}/{self.total}  loss {loss:.4f}  acc {rec['acc']:.3f}  tau_est {rec['tau_est']:.2f}  "
+            f"step {k}/{self.total}  loss {loss:.4f}  acc {acc:.3f}  tau_est {tau:.2f}  "
             f"lr {rec['lr']:.2e}  {rec['tok_per_s']:,.0f} tok/s  "
             f"epoch {rec['epoch'] + 1}{f'/{self.epochs:g}' if self.epochs else ''} {rec['epoch_progress']:.0%}  "
             f"ETA {_duration(eta)}"

@@ -155,6 +155,8 @@ class Trainer:
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(tuple(state["rng"]["numpy"]))
         random.setstate(tuple(state["rng"]["python"]))
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self.skip_list = set(state.get("skip_list", []))
         self.resumed_from = self.step
 
@@ -162,6 +164,8 @@ class Trainer:
         """A consistent copy of the training state in host memory, taken between two updates."""
         rng = {"torch": torch.get_rng_state(), "numpy": list(np.random.get_state()), "python": list(random.getstate())}
         rng["numpy"][1] = torch.from_numpy(rng["numpy"][1].astype(np.int64))
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
         trainer_state = {"step": self.step, "data": self.prefetcher.state_dict(), "rng": rng,
                          "skip_list": sorted(self.skip_list)}
         return Snapshot(
@@ -175,9 +179,11 @@ class Trainer:
         )
 
     def save(self, log: RunLog, console: TrainConsole) -> None:
-        """Start a background save; the loop is held only to finish the previous one and to stage."""
-        t0 = time.perf_counter()
+        """Start a background save; the loop is held only to finish the previous one and to stage.
+        A save's `stall_s` is its staging time plus any later wait for its write (by the next save,
+        a rollback or the end of the run): the time the loop was held because of that checkpoint."""
         self.report_saves(log, console, wait=True)
+        t0 = time.perf_counter()
         snap = self.snapshot()
         self.checkpointer.submit(snap, time.perf_counter() - t0)
 
@@ -328,13 +334,12 @@ class Trainer:
         """Return to the last committed checkpoint and never train on the offending batches again."""
         self.report_saves(log, console, wait=True)
         offenders = list(self._skipped_run)
-        self.skip_list.update(offenders)
         self._skipped_run.clear()
         self.guard.consecutive = 0
         ckpt = self._newest_readable_checkpoint()
         if ckpt is not None:
             self._restore(ckpt)
-            self.resumed_from = None
+        self.skip_list.update(offenders)  # after the restore, which brings the checkpoint's older list
         to_step = self.step if ckpt is not None else None
         message = (f"{self.cfg.guard.max_consecutive_skips} steps in a row were skipped: rolled back to "
                    f"{f'step {to_step}' if ckpt else 'the current weights (no checkpoint yet)'}; "
@@ -392,8 +397,10 @@ class Trainer:
                     if self.step % cfg.train.save_every == 0 and self.step < self.total_steps:
                         self.save(log, console)
                     if cfg.train.eval_every and self.eval_prompts and self.step % cfg.train.eval_every == 0:
+                        t_eval = time.time()
                         last_eval = self.evaluate()
-                        log.write("eval", self.step, **last_eval, tau_est_train=rec["tau_est"])
+                        log.write("eval", self.step, **last_eval, tau_est_train=rec["tau_est"],
+                                  eval_s=time.time() - t_eval)
                         console.note(f"eval tau {last_eval['tau']:.2f} on {last_eval['prompts']} prompts",
                                      style="cyan")
                 self.save(log, console)

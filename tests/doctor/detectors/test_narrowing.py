@@ -36,3 +36,13 @@ def test_strings_and_garbage_values_are_tolerated():
 def test_only_step_and_loss():
     found = _diagnose([{"step": i, "loss": 2.0 + (i % 3) * 0.01} for i in range(1, 400)])
     assert not [f for f in found if f.severity != "info"]
+
+
+def test_a_log_with_only_run_start_still_checks_the_config():
+    config = {
+        "optim": {"betas": [0.9, 0.999]},
+        "drafter": {"block_size": 16},
+        "loss": {"weighting": "exp_decay", "gamma": 4},
+    }
+    found = _diagnose([{"kind": "run_start", "time": 1.0, "step": 0, "config": config}])
+    assert {f.code for f in found} == {"optimizer_betas", "loss_decay_gamma"}

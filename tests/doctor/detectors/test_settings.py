@@ -42,8 +42,8 @@ def test_first_update_checked_against_config():
 
 def test_lr_schedule_mismatch_long_warmup(run_factory):
     found = []
-    for seed in range(6):
-        run, _, findings = run_factory(seed, ("lr_schedule_mismatch",))
+    for seed in range(4):
+        run, _, findings = run_factory(seed, ("lr_schedule_mismatch",), n_steps=1500)
         found.append("lr_schedule_mismatch" in codes(findings, "warning"))
     assert all(found)
 
@@ -75,3 +75,9 @@ def test_beta2_0999_without_spikes_is_only_info():
         {"total_steps": 50, "warmup_steps": 0},
     )
     assert [f.severity for f in _find(findings, "optimizer_betas")] == ["info"]
+
+
+def test_two_step_warmup_starting_at_half_peak_is_correct():
+    """W=2: update 1 uses lr*1/2, exactly half the peak, and must not be flagged."""
+    lrs = [5e-4, 1e-3, 1e-3, 1e-3]
+    assert not codes(_run(lrs, _config(lr=1e-3, warmup_steps=2), {"total_steps": 4, "warmup_steps": 2}))

@@ -51,7 +51,7 @@ def warmup_first_step(ctx: Context) -> list[Finding]:
             return []
         expected1 = peak / warm
         evidence["expected_lr_step_1"] = expected1
-        at_peak = lr1 >= 0.5 * peak
+        at_peak = lr1 >= 0.5 * peak and lr1 >= 1.5 * expected1
     else:
         at_peak = lr1 >= 0.5 * peak and math.isfinite(lr2) and lr2 < 0.5 * lr1
     at_zero = lr1 == 0.0 and math.isfinite(lr2) and lr2 > 0

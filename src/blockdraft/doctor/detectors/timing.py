@@ -11,6 +11,8 @@ from blockdraft.doctor.context import Context
 from blockdraft.doctor.findings import Finding, plural
 
 UNEXPLAINED_STALL_S = 30.0
+BIG_STALL_S = 300.0
+COSTLY_STALL_S = 120.0
 CHECKPOINT_STALL_S = 10.0
 
 
@@ -129,10 +131,23 @@ def logging_gap(ctx: Context) -> list[Finding]:
     findings = []
     rest = np.setdiff1d(rows, scheduled)
     if len(rest):
-        findings.append(_gap_finding(ctx, rest, gaps, prev, "warning", None))
+        findings.append(_gap_finding(ctx, rest, gaps, prev, _gap_severity(ctx, rest, gaps), None))
     if len(scheduled):
         findings.append(_gap_finding(ctx, scheduled, gaps, prev, "info", period))
     return findings
+
+
+def _gap_severity(ctx: Context, rows: np.ndarray, gaps: dict[str, np.ndarray]) -> str:
+    """Lost records always warn; pure stalls warn when long (5 min, 100 steps' time), frequent, or costly
+    (5% of the run's wall time and at least two minutes)."""
+    if (gaps["missing"][rows] > 0).any():
+        return "warning"
+    excess = gaps["excess"][rows]
+    sec = ctx.seconds_per_step
+    long_stall = max(BIG_STALL_S, 100.0 * sec) if math.isfinite(sec) else BIG_STALL_S
+    total = _run_seconds(ctx)
+    costly = math.isfinite(total) and excess.sum() >= max(0.05 * total, COSTLY_STALL_S)
+    return "warning" if (excess.max() >= long_stall or len(rows) >= 3 or costly) else "info"
 
 
 def _stall_threshold(ctx: Context) -> float:

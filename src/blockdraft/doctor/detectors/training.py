@@ -105,13 +105,21 @@ def skipped_steps(ctx: Context) -> list[Finding]:
     longest = max((b - a + 1 for a, b in spans), default=0)
     severity = "warning" if (count >= 4 or frac >= 1e-3 or rollbacks) else "info"
     reason_text = ", ".join(f"{k} x{v}" for k, v in reasons.most_common(3))
-    roll = f", {len(rollbacks)} rollbacks" if rollbacks else ""
+    parts = []
+    if count:
+        parts.append(
+            f"{plural(count, 'update')} skipped by the guard ({reason_text}); "
+            f"longest burst spans {plural(longest, 'step')}"
+        )
+    if rollbacks:
+        targets = ", ".join(str(r.get("to_step")) for r in rollbacks[:5])
+        parts.append(f"{plural(len(rollbacks), 'rollback')} to an earlier checkpoint (to step {targets})")
     return [
         Finding(
             code="skipped_steps",
             severity=severity,
             steps=(min(a for a, _ in spans), max(b for _, b in spans)),
-            summary=f"{count} updates skipped by the guard ({reason_text}){roll}; longest burst spans {longest} steps",
+            summary="; ".join(parts),
             evidence={"skipped": count, "fraction": frac, "bursts": len(spans), "rollbacks": len(rollbacks)},
             advice=(
                 "Skips hide bad batches rather than fix them: inspect the skip records' batch ids and buckets; "
@@ -138,6 +146,7 @@ def spike_events(ctx: Context) -> list[Event]:
         z = fit.resid / fit.sigma
         flags = (z >= SPIKE_Z) & (fit.resid >= math.log(SPIKE_RATIO))
         flags &= ~ctx.small_window
+        flags[: ctx.trend_block] = False
         for a, b in stats.events(flags, max_gap=2):
             seg = fit.resid[a : b + 1]
             peak = a + int(np.nanargmax(seg))

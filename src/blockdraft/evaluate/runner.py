@@ -1,0 +1,90 @@
+"""One evaluation sweep: every prompt decoded by each mode (single path, tree budgets) and once by
+the target alone, so tau, acceptance per position, tokens/s and speedup come from the same prompts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from blockdraft.evaluate.ddtree import tree_decode
+from blockdraft.evaluate.sampling import target_sample
+from blockdraft.evaluate.speculative import Generation, speculative_greedy
+from blockdraft.model.drafter import DFlashDrafter
+from blockdraft.model.target import Target
+
+
+@dataclass
+class ModeResult:
+    mode: str  # "path" or "tree"
+    budget: int | None
+    tau: float
+    tau_hist: list[int]
+    per_prompt: list[float]
+    accept_per_pos: list[float]  # share of rounds that accepted the draft at block position k = 1..B-1
+    tokens: int
+    rounds: int
+    seconds: float
+    tokens_per_s: float
+    speedup: float | None
+    lossless: bool | None  # greedy only: every output equals target-only decoding
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(
+    gens: list[Generation], refs: list[Generation], block: int, budget: int | None, greedy: bool
+) -> ModeResult:
+    hist = [0] * (block + 1)
+    for gen in gens:
+        for a in gen.acceptance:
+            hist[a] += 1
+    rounds = sum(hist)
+    per_prompt = [g.tau for g in gens if g.acceptance]
+    tokens, seconds = sum(len(g.tokens) for g in gens), sum(g.seconds for g in gens)
+    ref_tokens, ref_seconds = sum(len(r.tokens) for r in refs), sum(r.seconds for r in refs)
+    speedup = None
+    if tokens and seconds and ref_tokens and ref_seconds:
+        speedup = (ref_seconds / ref_tokens) / (seconds / tokens)
+    return ModeResult(
+        mode="path" if budget is None else "tree",
+        budget=budget,
+        tau=sum(per_prompt) / len(per_prompt) if per_prompt else 0.0,
+        tau_hist=hist,
+        per_prompt=per_prompt,
+        accept_per_pos=[sum(hist[k + 1 :]) / rounds if rounds else 0.0 for k in range(1, block)],
+        tokens=tokens,
+        rounds=rounds,
+        seconds=seconds,
+        tokens_per_s=tokens / seconds if seconds else 0.0,
+        speedup=speedup,
+        lossless=all(g.tokens == r.tokens for g, r in zip(gens, refs, strict=True)) if greedy else None,
+    )
+
+
+def evaluate(
+    target: Target,
+    drafter: DFlashDrafter,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos_id: int | None,
+    budgets: list[int],
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> tuple[list[ModeResult], float]:
+    """Results for the single path then each budget, and target-only tokens/s."""
+    drafter.eval()
+    device = target.embed_tokens.weight.device
+    greedy = temperature <= 0
+    gen = torch.Generator(device=device).manual_seed(seed)
+    refs = [target_sample(target, p, max_new_tokens, eos_id, temperature, gen) for p in prompts]
+    results = []
+    for budget in [None, *budgets]:
+        if greedy and budget is None:  # the crop-based path decoder: cheaper than a chain tree
+            gens = [speculative_greedy(target, drafter, p, max_new_tokens, eos_id) for p in prompts]
+        else:
+            gens = [tree_decode(target, drafter, p, max_new_tokens, eos_id, budget, temperature, gen) for p in prompts]
+        results.append(summarize(gens, refs, drafter.block_size, budget, greedy))
+    ref_tokens, ref_seconds = sum(len(r.tokens) for r in refs), sum(r.seconds for r in refs)
+    return results, ref_tokens / ref_seconds if ref_seconds else 0.0

@@ -1,0 +1,115 @@
+"""Fault injection: a damaged checkpoint, kill -9 in the middle of a checkpoint write, a failing
+write (full disk). Nothing committed is ever harmed and `latest` never names a partial checkpoint."""
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from blockdraft.telemetry.log import read_log
+from blockdraft.train import checkpoint
+from blockdraft.train.checkpoint import committed_checkpoints
+from blockdraft.train.loop import Trainer
+
+
+def _losses(run_dir) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_log(run_dir / "log.jsonl") if r["kind"] == "step"}
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_checkpoint_is_reported_and_the_previous_one_resumed(tiny_config, damage):
+    cfg = tiny_config()
+    run = Trainer(cfg, show_console=False).run().run_dir
+    newest = run / "checkpoints" / "step-000006" / "optimizer.pt"
+    raw = newest.read_bytes()
+    newest.write_bytes(raw[: len(raw) // 2] if damage == "truncate" else raw[:-8] + bytes(8))
+    resumed = Trainer(cfg, resume=True, show_console=False)
+    resumed.prefetcher.close()
+    assert resumed.step == 3
+    (message,) = resumed._startup_warnings
+    assert "step-000006" in message and "optimizer.pt" in message and "previous checkpoint" in message
+
+
+def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_one(tiny_config, tmp_path):
+    cfg = tiny_config()
+    config_file = tmp_path / "config.json"
+    config_file.write_text(cfg.model_dump_json())
+    ready = tmp_path / "writing"
+    child = textwrap.dedent(f"""
+        import pathlib, time
+        from blockdraft.config import Config
+        from blockdraft.train import checkpoint
+        from blockdraft.train.loop import Trainer
+
+        write = checkpoint._write_files
+
+        def hanging_write(tmp, *args):
+            out = write(tmp, *args)
+            if tmp.name.endswith("step-000006"):  # the final save: half-written files, then hang
+                target = tmp / "optimizer.pt"
+                target.write_bytes(target.read_bytes()[:100])
+                pathlib.Path({str(ready)!r}).touch()
+                time.sleep(600)
+            return out
+
+        checkpoint._write_files = hanging_write
+        cfg = Config.model_validate_json(pathlib.Path({str(config_file)!r}).read_text())
+        Trainer(cfg, show_console=False).run()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 240
+        while not ready.exists():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.time() < deadline, "the child never reached the checkpoint write"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    run = tmp_path / "run"
+    before = _losses(run)
+    assert sorted(before) == [1, 2, 3, 4, 5, 6]
+    root = run / "checkpoints"
+    assert (root / ".tmp-step-000006").is_dir()  # the partial write is there ...
+    assert [c.name for c in committed_checkpoints(root)] == ["step-000003"]  # ... and never counted
+    assert (root / "latest").resolve().name == "step-000003"
+    resumed = Trainer(cfg, resume=True, show_console=False)
+    assert resumed.step == 3
+    assert resumed.run().status == "completed"
+    records = read_log(run / "log.jsonl")
+    replayed = [r for r in records if r["kind"] == "step"][6:]
+    assert [r["step"] for r in replayed] == [4, 5, 6]
+    assert [r["loss"] for r in replayed] == pytest.approx([before[k] for k in (4, 5, 6)], rel=1e-6)
+    assert [c.name for c in committed_checkpoints(root)] == ["step-000003", "step-000006"]
+    assert not (root / ".tmp-step-000006").exists()
+
+
+@pytest.mark.parametrize("failing_step", [3, 6])
+def test_a_failing_write_warns_and_latest_stays_on_a_complete_checkpoint(tiny_config, monkeypatch, failing_step):
+    write = checkpoint._write_files
+
+    def disk_full(tmp, *args):
+        if tmp.name.endswith(f"step-{failing_step:06d}"):
+            (tmp / "drafter.safetensors").write_bytes(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(tmp, *args)
+
+    monkeypatch.setattr(checkpoint, "_write_files", disk_full)
+    result = Trainer(tiny_config(), show_console=False).run()
+    assert result.status == "completed" and result.last_step == 6
+    records = read_log(result.run_dir / "log.jsonl")
+    ckpts = {r["step"]: r for r in records if r["kind"] == "checkpoint"}
+    assert not ckpts[failing_step]["committed"] and "No space left" in ckpts[failing_step]["error"]
+    (warning,) = [r for r in records if r["kind"] == "warning" and r["code"] == "checkpoint_failed"]
+    assert f"step {failing_step}" in warning["message"]
+    root = result.run_dir / "checkpoints"
+    good = [c.name for c in committed_checkpoints(root)]
+    assert good == [f"step-{6 if failing_step == 3 else 3:06d}"]
+    assert (root / "latest").resolve().name == good[-1]
+    assert not list(root.glob(".tmp-*")) and not (root / f"step-{failing_step:06d}").exists()
