@@ -25,3 +25,20 @@ def test_epoch_progress_of_the_whole_run_is_caught(run_factory):
         _, _, findings = run_factory(seed, ("epoch_accounting",))
         found = _find(findings, "epoch_accounting")
         assert found and found[0].severity == "warning"
+
+
+def test_runs_forced_by_one_dominant_bucket_are_not_a_batching_bug():
+    """One bucket with 94% of batches: the sampler can only bound runs at 15 and says so in its
+    `data` record; runs within that bound are not reported (the demo corpus is like this)."""
+    from blockdraft.doctor.detectors import diagnose
+    from blockdraft.doctor.records import run_from_records
+
+    pattern = ([1] * 14 + [0]) * 20
+    steps = [{"kind": "step", "step": i + 1, "time": float(i), "loss": 3.0, "buckets": [b]}
+             for i, b in enumerate(pattern)]
+    start = {"kind": "run_start", "step": 0, "time": 0.0, "config": {"data": {"max_same_bucket_run": 3}}}
+    data = {"kind": "data", "step": 0, "time": 0.0, "run_bound": 15}
+    codes = {f.code for f in diagnose(run_from_records([start, data, *steps]))}
+    assert "homogeneous_batches" not in codes
+    codes = {f.code for f in diagnose(run_from_records([start, *steps]))}
+    assert "homogeneous_batches" in codes

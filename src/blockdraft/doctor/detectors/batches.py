@@ -22,6 +22,10 @@ def _batch_order(ctx: Context) -> dict[str, float] | None:
     if len(seq) >= 50:
         limit = ctx.run.setting("data", "max_same_bucket_run")
         limit = int(limit) if isinstance(limit, int | float) and limit >= 1 else DEFAULT_MAX_RUN
+        # when one bucket holds most batches, the sampler can only bound runs at `run_bound` (its `data`
+        # record says so): runs the counts force are a property of the data, not a batching bug
+        forced = [r.get("run_bound") for r in ctx.run.of_kind("data") if isinstance(r.get("run_bound"), int)]
+        limit = max([limit, *forced])
         _, lengths, values = stats.runs(seq)
         over = lengths > limit
         counts = np.bincount(seq[seq >= 0]) if (seq >= 0).any() else np.zeros(1)
