@@ -11,10 +11,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_overrides_are_typed_and_nested():
-    cfg = build_config({"target": {"path": "t"}}, ["optim.lr=3e-4", "optim.betas=[0.9,0.999]", "train.compile=true",
+    cfg = build_config({"target": {"path": "t"}}, ["optim.lr=3e-4", "optim.betas=[0.9,0.999]", "data.thinking=true",
                                                    "drafter.target_layer_ids=[1,2]"])
     assert cfg.optim.lr == 3e-4 and cfg.optim.betas == (0.9, 0.999)
-    assert cfg.train.compile is True and cfg.drafter.target_layer_ids == [1, 2]
+    assert cfg.data.thinking is True and cfg.drafter.target_layer_ids == [1, 2]
 
 
 @pytest.mark.parametrize(

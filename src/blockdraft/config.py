@@ -98,11 +98,9 @@ class TrainConfig(Section):
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["bf16", "fp32"] = "bf16"
-    compile: bool = False
     save_every: int = Field(1000, ge=1)
     keep_last: int = Field(3, ge=1)
     eval_every: int | None = Field(None, ge=1)
-    trackers: list[Literal["wandb", "tensorboard"]] = Field(default_factory=list)
 
 
 class EvalConfig(Section):
@@ -161,7 +159,7 @@ def default_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
 
 
 def _parse_value(text: str) -> Any:
-    """Override values are YAML scalars/lists: `lr=3e-4`, `betas=[0.9,0.95]`, `compile=true`."""
+    """Override values are YAML scalars/lists: `lr=3e-4`, `betas=[0.9,0.95]`, `interleave=false`."""
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

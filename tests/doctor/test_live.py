@@ -91,3 +91,16 @@ def test_nonfinite_list_from_our_writer():
     doctor = LiveDoctor()
     found = doctor.observe({"kind": "step", "step": 7, "loss": None, "nonfinite": ["loss"], "skipped": False})
     assert [(f.code, f.severity) for f in found] == [("nonfinite", "error")]
+
+
+def test_live_doctor_keeps_the_data_record_for_forced_bucket_runs():
+    """The trainer writes `data` at step 0; the live window must still see its run_bound."""
+    from blockdraft.doctor.live import LiveDoctor
+
+    doctor = LiveDoctor(every=50)
+    doctor.observe({"kind": "run_start", "step": 0, "time": 0.0, "config": {"data": {"max_same_bucket_run": 3}}})
+    doctor.observe({"kind": "data", "step": 0, "time": 0.0, "run_bound": 15})
+    found = []
+    for i, b in enumerate(([1] * 14 + [0]) * 10):
+        found += doctor.observe({"kind": "step", "step": i + 1, "time": float(i), "loss": 3.0, "buckets": [b]})
+    assert "homogeneous_batches" not in {f.code for f in found}

@@ -144,7 +144,10 @@ class LiveDoctor:
         if self.run_start is not None:
             recs.append(self.run_start)
         first = self._steps[0].get("step", 0) if self._steps else 0
-        recs += [r for r in self._others if isinstance(r.get("step"), int | float) and r["step"] >= first]
+        recs += [  # the `data` record describes the whole run, whatever the window
+            r for r in self._others
+            if r.get("kind") == "data" or (isinstance(r.get("step"), int | float) and r["step"] >= first)
+        ]
         recs += list(self._steps)
         run = run_from_records(recs)
         if only_config:
