@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     from blockdraft.config import load_config
     from blockdraft.evaluate.prompts import heldout_prompts
-    from blockdraft.evaluate.speculative import measure_tau
+    from blockdraft.evaluate.runner import evaluate as evaluate_modes
     from blockdraft.model.export import load_drafter, save_drafter
     from blockdraft.model.target import load_target
     from blockdraft.telemetry.log import RunLog
@@ -85,15 +85,15 @@ def run(args: argparse.Namespace) -> int:
     drafter = load_drafter(export_dir, device)
     target, tokenizer, _ = load_target(cfg.target.path, drafter.target_layer_ids, device, cfg.target.dtype)
     prompts = heldout_prompts(cfg.eval, tokenizer)
-    report = measure_tau(target, drafter, prompts, cfg.eval.max_new_tokens, tokenizer.eos_token_id)
+    (report,), _ = evaluate_modes(target, drafter, prompts, cfg.eval.max_new_tokens, tokenizer.eos_token_id, budgets=[])
     log = RunLog(out / "log.jsonl")
-    log.write("eval", result.last_step, tau=report.tau, tau_hist=report.tau_hist, prompts=report.prompts,
+    log.write("eval", result.last_step, tau=report.tau, tau_hist=report.tau_hist, prompts=len(prompts),
               mode="path", budget=None, tokens=report.tokens, speedup=report.speedup, lossless=report.lossless,
               source="export", tau_est_train=_last_tau_est(out / "log.jsonl"))
     log.close()
 
     table = Table(title="blockdraft demo", show_header=False)
-    table.add_row("tau (held-out, greedy, exported drafter)", f"{report.tau:.2f} over {report.prompts} prompts")
+    table.add_row("tau (held-out, greedy, exported drafter)", f"{report.tau:.2f} over {len(prompts)} prompts")
     table.add_row("output identical to target-only greedy", "yes" if report.lossless else "NO")
     table.add_row("speedup vs target-only decoding", f"{report.speedup:.2f}x" if report.speedup else "n/a")
     table.add_row("updates", f"{result.last_step} ({result.status})")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from blockdraft.evaluate.ddtree import build_tree, chain_tree, tree_decode, tree_mask
-from blockdraft.evaluate.speculative import target_greedy
+from blockdraft.evaluate.sampling import target_sample
 
 
 def _brute_force(logp: torch.Tensor, k: int) -> set[tuple[int, ...]]:
@@ -67,7 +67,7 @@ def test_tree_decoding_equals_target_greedy(tiny_pair, budget):
     g = torch.Generator().manual_seed(3)
     for n in (5, 11):
         prompt = torch.randint(2, 200, (n,), generator=g).tolist()
-        ref = target_greedy(target, prompt, 20, eos_id=None)
+        ref = target_sample(target, prompt, 20, eos_id=None, temperature=0.0)
         gen = tree_decode(target, drafter, prompt, 20, eos_id=None, budget=budget)
         assert gen.tokens == ref.tokens
         assert all(1 <= a <= drafter.block_size for a in gen.acceptance)

@@ -4,7 +4,8 @@ with an untrained drafter (everything rejected) and a trained one (multi-token a
 import pytest
 import torch
 
-from blockdraft.evaluate.speculative import speculative_greedy, target_greedy
+from blockdraft.evaluate.sampling import target_sample
+from blockdraft.evaluate.speculative import speculative_greedy
 from blockdraft.train.loop import Trainer
 
 
@@ -17,7 +18,7 @@ def prompts():
 def test_untrained_drafter_output_equals_target_greedy(tiny_config, prompts):
     trainer = Trainer(tiny_config(train={"max_steps": 1}), show_console=False)
     for p in prompts:
-        ref = target_greedy(trainer.target, p, 24, eos_id=None)
+        ref = target_sample(trainer.target, p, 24, eos_id=None, temperature=0.0)
         spec = speculative_greedy(trainer.target, trainer.drafter, p, 24, eos_id=None)
         assert spec.tokens == ref.tokens
         assert all(1 <= a <= trainer.drafter.block_size for a in spec.acceptance)
@@ -51,7 +52,7 @@ def test_accepted_blocks_keep_decoding_lossless(tiny_config, prompts):
     target, w = trainer.target, trainer.target.lm_head.weight
     assert (torch.argmax(w @ w.T, dim=1) == torch.arange(w.shape[0])).all()  # the oracle's premise
     for p, wrong_at in zip(prompts, (1, 2, 3), strict=True):
-        ref = target_greedy(target, p, 30, eos_id=None)
+        ref = target_sample(target, p, 30, eos_id=None, temperature=0.0)
         oracle = OracleDrafter(trainer.drafter, w, p + ref.tokens, wrong_at)
         spec = speculative_greedy(target, oracle, p, 30, eos_id=None)
         assert spec.tokens == ref.tokens

@@ -103,3 +103,15 @@ def test_run_folder_and_records(tiny_config):
     assert steps[0]["lr"] == pytest.approx(cfg.optim.lr / 2)  # warmup_steps=2: update 1 uses peak/2
     assert steps[1]["lr"] == pytest.approx(cfg.optim.lr)
     assert records[-1]["status"] == "completed"
+
+
+def test_in_training_eval_writes_measured_tau_beside_tau_est(tiny_config, tiny_corpus):
+    cfg = tiny_config(train={"eval_every": 3}, eval={"prompts": [str(tiny_corpus)], "max_prompts": 2,
+                                                      "max_new_tokens": 6, "prompt_tokens": 16})
+    result = Trainer(cfg, show_console=False).run()
+    evals = [r for r in read_log(result.run_dir / "log.jsonl") if r["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [3, 6]
+    for e in evals:
+        assert 1.0 <= e["tau"] <= cfg.drafter.block_size and e["prompts"] == 2 and e["mode"] == "path"
+        assert e["lossless"] is True and "tau_est_train" in e and e["eval_s"] >= 0
+        assert sum(e["tau_hist"]) > 0

@@ -5,6 +5,7 @@ them) and drafts B-1 tokens after the anchor (the last committed token) in one p
 verifies [anchor, drafts] in one pass with its KV cache; the longest prefix of drafts equal to the
 target's argmax is accepted, plus the target's next token as the bonus. tau = accepted + 1.
 Every emitted token is a target argmax, so the output equals target-only greedy decoding.
+Sweeps over prompts and modes (and the target-only baseline) live in `evaluate/runner.py`.
 """
 
 from __future__ import annotations
@@ -37,33 +38,6 @@ def _positions(start: int, length: int, device: torch.device) -> torch.Tensor:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-@torch.no_grad()
-def target_greedy(target: Target, prompt: list[int], max_new_tokens: int, eos_id: int | None) -> Generation:
-    """Target-only greedy decoding with a KV cache: the reference output and the speed baseline."""
-    device = target.embed_tokens.weight.device
-    _sync(device)
-    t0 = time.perf_counter()
-    cache = DynamicCache()
-    ids = torch.tensor([prompt], device=device)
-    logits = target.model(input_ids=ids, past_key_values=cache, use_cache=True).logits
-    out: list[int] = []
-    pos = len(prompt)
-    while True:
-        tok = int(logits[0, -1].argmax())
-        out.append(tok)
-        if len(out) >= max_new_tokens or tok == eos_id:
-            break
-        logits = target.model(
-            input_ids=torch.tensor([[tok]], device=device),
-            position_ids=_positions(pos, 1, device),
-            past_key_values=cache,
-            use_cache=True,
-        ).logits
-        pos += 1
-    _sync(device)
-    return Generation(out, seconds=time.perf_counter() - t0)
 
 
 @torch.no_grad()
@@ -115,62 +89,3 @@ def speculative_greedy(
             break
     _sync(device)
     return Generation(out[:max_new_tokens], acceptance, time.perf_counter() - t0)
-
-
-@dataclass
-class TauReport:
-    tau: float
-    tau_hist: list[int]
-    prompts: int
-    tokens: int
-    rounds: int
-    per_prompt: list[float]
-    spec_seconds: float
-    target_seconds: float | None
-    lossless: bool | None
-
-    @property
-    def speedup(self) -> float | None:
-        if not self.target_seconds or not self.spec_seconds:
-            return None
-        return self.target_seconds / self.spec_seconds
-
-
-def measure_tau(
-    target: Target,
-    drafter: DFlashDrafter,
-    prompts: list[list[int]],
-    max_new_tokens: int,
-    eos_id: int | None,
-    compare_with_target: bool = True,
-) -> TauReport:
-    """Mean tau over prompts (each prompt's mean over its rounds), its histogram, and, when
-    compare_with_target, whether every output equals target-only greedy decoding and the speedup."""
-    drafter.eval()
-    per_prompt, hist, tokens, rounds = [], [0] * (drafter.block_size + 1), 0, 0
-    spec_s, target_s, lossless = 0.0, 0.0, True
-    for prompt in prompts:
-        gen = speculative_greedy(target, drafter, prompt, max_new_tokens, eos_id)
-        spec_s += gen.seconds
-        tokens += len(gen.tokens)
-        rounds += len(gen.acceptance)
-        for a in gen.acceptance:
-            hist[a] += 1
-        if gen.acceptance:
-            per_prompt.append(gen.tau)
-        if compare_with_target:
-            ref = target_greedy(target, prompt, max_new_tokens, eos_id)
-            target_s += ref.seconds
-            lossless = lossless and ref.tokens == gen.tokens
-    tau = sum(per_prompt) / len(per_prompt) if per_prompt else 0.0
-    return TauReport(
-        tau=tau,
-        tau_hist=hist,
-        prompts=len(prompts),
-        tokens=tokens,
-        rounds=rounds,
-        per_prompt=per_prompt,
-        spec_seconds=spec_s,
-        target_seconds=target_s if compare_with_target else None,
-        lossless=lossless if compare_with_target else None,
-    )

@@ -29,7 +29,7 @@ from blockdraft.data import Batch, BatchSampler, Prefetcher, data_record, prepar
 from blockdraft.doctor.live import LiveDoctor
 from blockdraft.errors import UserError
 from blockdraft.evaluate.prompts import heldout_prompts
-from blockdraft.evaluate.speculative import measure_tau
+from blockdraft.evaluate.runner import evaluate as evaluate_modes
 from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_target
 from blockdraft.model.masks import dense_mask, flex_block_mask
 from blockdraft.model.target import find_mask_token_id, load_target
@@ -293,10 +293,10 @@ class Trainer:
 
     def evaluate(self) -> dict[str, Any]:
         ev = self.cfg.eval
-        report = measure_tau(self.target, self.drafter, self.eval_prompts, ev.max_new_tokens,
-                             self.tokenizer.eos_token_id, compare_with_target=True)
-        return {"tau": report.tau, "tau_hist": report.tau_hist, "prompts": report.prompts, "mode": "path",
-                "budget": None, "tokens": report.tokens, "speedup": report.speedup, "lossless": report.lossless}
+        (path,), _ = evaluate_modes(self.target, self.drafter, self.eval_prompts, ev.max_new_tokens,
+                                    self.tokenizer.eos_token_id, budgets=[])
+        return {"tau": path.tau, "tau_hist": path.tau_hist, "prompts": len(self.eval_prompts), "mode": "path",
+                "budget": None, "tokens": path.tokens, "speedup": path.speedup, "lossless": path.lossless}
 
     def _on_signal(self, signum, _frame) -> None:
         if self._stop_reason is not None:
