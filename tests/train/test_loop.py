@@ -115,3 +115,43 @@ def test_in_training_eval_writes_measured_tau_beside_tau_est(tiny_config, tiny_c
         assert 1.0 <= e["tau"] <= cfg.drafter.block_size and e["prompts"] == 2 and e["mode"] == "path"
         assert e["lossless"] is True and "tau_est_train" in e and e["eval_s"] >= 0
         assert sum(e["tau_hist"]) > 0
+
+
+def test_noise_applied_to_the_features_follows_the_schedule(tiny_config, monkeypatch):
+    """The std of what is actually added to the fused features equals the logged noise_std, every step."""
+    from blockdraft.train.schedule import noise_std_at
+
+    cfg = tiny_config(noise={"std": 0.5, "warmup_steps": 2, "schedule": "cosine", "final_std": 0.1},
+                      train={"max_steps": 5, "save_every": 100})
+    trainer = Trainer(cfg, show_console=False)
+    seen = []
+    real_forward = trainer.drafter.forward
+
+    def spy(block_embeds, block_positions, ctx, ctx_positions, mask=None, cache=None):
+        clean = trainer.drafter.fuse(trainer.target.features(trainer._last_ids)[0])
+        seen.append(float((ctx - clean).detach().std()))
+        return real_forward(block_embeds, block_positions, ctx, ctx_positions, mask, cache)
+
+    real_micro = trainer._forward_micro
+
+    def remember(batch, *args):
+        trainer._last_ids = batch.input_ids
+        return real_micro(batch, *args)
+
+    monkeypatch.setattr(trainer.drafter, "forward", spy)
+    monkeypatch.setattr(trainer, "_forward_micro", remember)
+    logged = [trainer.train_step([trainer.prefetcher.next()])["noise_std"] for _ in range(5)]
+    expected = [noise_std_at(k, cfg.noise, trainer.total_steps) for k in range(1, 6)]
+    assert logged == pytest.approx(expected)
+    assert expected[0] == pytest.approx(0.25) and expected[-1] == pytest.approx(0.1)
+    assert seen == pytest.approx(expected, rel=0.05)
+    trainer.prefetcher.close()
+
+
+def test_gamma_far_from_the_block_size_default_is_warned_at_start(tiny_config):
+    """The seed's gamma 4 at B=16 (default 7): a `warning` record before training gets far."""
+    cfg = tiny_config(drafter={"block_size": 16}, loss={"gamma": 4.0}, data={"max_len": 64},
+                      train={"max_steps": 3, "save_every": 100})
+    result = Trainer(cfg, show_console=False).run()
+    warnings = [r for r in read_log(result.run_dir / "log.jsonl") if r["kind"] == "warning"]
+    assert any(w["code"] == "loss_decay_gamma" and w["step"] <= 2 for w in warnings), warnings
