@@ -32,9 +32,9 @@ def write_corpus(data_dir: Path) -> tuple[Path, Path]:
     """train.jsonl: the bundled on-policy corpus (train-split prompts, target's own continuations,
     made by scripts/make_demo_corpus.py); heldout.jsonl: chunks of held-out stdlib files (prompts)."""
     from blockdraft.corpus import stdlib_files, write_text_jsonl
-    from blockdraft.errors import UserError
+    from blockdraft.errors import UserError, make_dir
 
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(data_dir)
     train, heldout = data_dir / "train.jsonl", data_dir / "heldout.jsonl"
     with gzip.open(str(ASSETS / "demo-corpus.jsonl.gz"), "rb") as src, train.open("wb") as dst:
         shutil.copyfileobj(src, dst)

@@ -27,7 +27,7 @@ from blockdraft import __version__
 from blockdraft.config import Config, default_layer_ids, dump_config, total_warmup_steps
 from blockdraft.data import Batch, BatchSampler, Prefetcher, data_record, prepare_dataset
 from blockdraft.doctor.live import LiveDoctor
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, make_dir
 from blockdraft.evaluate.prompts import heldout_prompts
 from blockdraft.evaluate.runner import evaluate as evaluate_modes
 from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_target
@@ -53,8 +53,6 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        from blockdraft.errors import UserError
-
         raise UserError("train.device=cuda but no CUDA device is visible")
     return torch.device(name)
 
@@ -93,7 +91,7 @@ class Trainer:
         self.cfg = cfg
         self.device = pick_device(cfg.train.device)
         self.rank, self.world = 0, 1
-        self.run_dir = Path(cfg.train.out_dir)
+        self.run_dir = make_dir(Path(cfg.train.out_dir))
         self.ckpt_root = self.run_dir / "checkpoints"
         self.show_console = show_console
         self.use_bf16 = cfg.train.precision == "bf16" and self.device.type == "cuda"
@@ -350,7 +348,6 @@ class Trainer:
 
     def run(self) -> RunResult:
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         console = TrainConsole(self.total_steps, cfg.train.epochs if not cfg.train.max_steps else 0,
                                enabled=self.show_console)
