@@ -18,27 +18,10 @@ from typing import Any
 
 import numpy as np
 
-ANOMALIES = (
-    "loss_spike",
-    "accuracy_cliff",
-    "nonfinite",
-    "skipped_steps",
-    "checkpoint_stall",
-    "logging_gap",
-    "window_artifact",
-    "homogeneous_batches",
-    "warmup_first_step",
-    "lr_schedule_mismatch",
-    "noise_schedule_flat",
-    "optimizer_betas",
-    "loss_decay_gamma",
-    "queue_drain",
-    "data_wait",
-    "throughput_drift",
-    "epoch_accounting",
-    "plateau",
-    "tau_gap",
-)
+from blockdraft.doctor.findings import CODES
+
+# every code can be planted; bucket_loss_modes comes with homogeneous_batches, never alone
+ANOMALIES = tuple(code for code in CODES if code != "bucket_loss_modes")
 FOREIGN_OK = (
     "loss_spike",
     "accuracy_cliff",

@@ -257,8 +257,8 @@ class Trainer:
             (stats.weighted_loss / denom).backward()
             total = add_stats(total, stats)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.optim.grad_clip)
-        metrics = summarize(total)  # the step's one host sync; the guard decides on these floats
-        grad_norm = float(grad_norm)
+        metrics = summarize(total, grad_norm)  # the step's one host sync; the guard decides on these floats
+        grad_norm = metrics["grad_norm"]
         bucket = max(mb.bucket for mb in micro_batches)
         reason = self.guard.check(bucket, metrics["loss"], grad_norm)
         if reason is None:
@@ -268,12 +268,10 @@ class Trainer:
         return {
             "lr": lr,
             **metrics,
-            "grad_norm": grad_norm,
             "clipped": grad_norm > cfg.optim.grad_clip,
             "skipped": reason is not None,
             "skip_reason": reason,
             "noise_std": noise_std,
-            "anchors": int(sum(int(b.valid.sum()) for b in blocks)),
         }
 
     # ---- the run -----------------------------------------------------------------------------------

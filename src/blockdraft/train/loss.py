@@ -150,19 +150,26 @@ def denominator(label_mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
     return (label_mask.float() * w).sum()
 
 
-def summarize(total: MicroStats) -> dict[str, float | list[float]]:
-    """Host-side metrics of a whole step (one sync)."""
-    counted = total.counted.clamp(min=1)
-    wsum = max(float(total.weight_sum), 1e-12)
-    streak = float(total.streak_sum) / max(float(total.blocks), 1.0)
+def summarize(total: MicroStats, grad_norm: torch.Tensor) -> dict[str, float | list[float]]:
+    """Host-side metrics of a whole step: every number crosses to the host in ONE transfer."""
+    k = total.correct.numel()
+    scalars = torch.stack([total.weighted_loss, total.weight_sum, total.kl_sum, total.streak_sum, total.blocks,
+                           grad_norm.to(total.blocks.dtype)])
+    host = torch.cat([scalars.float(), total.correct.float(), total.counted.float()]).cpu().tolist()
+    loss_sum, wsum, kl_sum, streak_sum, blocks, grad = host[:6]
+    correct, counted = host[6 : 6 + k], host[6 + k :]
+    wsum = max(wsum, 1e-12)
+    streak = streak_sum / max(blocks, 1.0)
     return {
-        "loss": float(total.weighted_loss) / wsum,
-        "kl": float(total.kl_sum) / wsum,
-        "acc": float(total.correct.sum() / counted.sum()),
-        "acc_per_pos": [round(float(x), 5) for x in (total.correct / counted)],
+        "loss": loss_sum / wsum,
+        "kl": kl_sum / wsum,
+        "acc": sum(correct) / max(sum(counted), 1.0),
+        "acc_per_pos": [round(c / max(n, 1.0), 5) for c, n in zip(correct, counted, strict=True)],
         "streak": streak,
         "tau_est": 1.0 + streak,
-        "loss_tokens": int(total.counted.sum()),
+        "loss_tokens": int(sum(counted)),
+        "anchors": int(blocks),
+        "grad_norm": grad,
     }
 
 
