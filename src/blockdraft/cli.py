@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from blockdraft import __version__
@@ -22,7 +23,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "export": ("blockdraft.model.export_command", "write a checkpoint's drafter in serving format"),
     "data": ("blockdraft.data.command", "inspect a dataset: counts, skips, lengths, batch plan"),
     "regenerate": ("blockdraft.data.regenerate", "let the target rewrite assistant turns (on-policy data)"),
-    "bench": ("blockdraft.bench", "throughput, MFU and memory on a target of a named shape"),
+    "bench": ("blockdraft.bench.command", "throughput, MFU and memory on a target of a named shape"),
     "ckpt-scan": ("blockdraft.train.ckpt_scan", "NaN/Inf and statistics of every tensor in a checkpoint"),
 }
 
@@ -51,6 +52,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # fewer fragmentation OOMs with varying batch shapes; read at the first CUDA allocation
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     parser, modules = build_parser()
     args = parser.parse_args(argv)
     if args.verb is None:

@@ -95,12 +95,19 @@ class TrainConfig(Section):
     max_minutes: float | None = Field(None, gt=0, description="stop (and save) after this wall time")
     grad_accum: int = Field(1, ge=1)
     num_anchors: int = Field(512, ge=1, description="blocks per sequence, at most")
+    max_blocks_per_pass: int = Field(1536, ge=1, description="split a micro-batch above this many blocks (memory)")
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["bf16", "fp32"] = "bf16"
+    compile: bool | Literal["auto"] = Field("auto", description="torch.compile target and drafter (auto: on CUDA)")
+    activation_checkpointing: bool = Field(False, description="recompute drafter layers in backward (long contexts)")
     save_every: int = Field(1000, ge=1)
     keep_last: int = Field(3, ge=1)
     eval_every: int | None = Field(None, ge=1)
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="under torchrun: DDP replicates the drafter, FSDP2 shards its weights and AdamW state"
+    )
+    dist_timeout_s: float = Field(600.0, gt=0, description="a collective waiting this long for a rank fails the run")
 
 
 class EvalConfig(Section):

@@ -60,3 +60,16 @@ def test_bad_budget_is_a_user_error(tiny_target, files, capsys):
             "--tree-budget", "8,x"]
     assert main(argv) == 2
     assert "--tree-budget" in capsys.readouterr().err
+
+
+def test_batch_size_measures_the_same_path(tiny_target, files, capsys):
+    drafter, prompts = files
+    base = ["eval", "--target", str(tiny_target), "--drafter", str(drafter), "--prompts", str(prompts),
+            "--max-new-tokens", "10", "--json", "--device", "cpu"]
+    reports = []
+    for size in ("1", "2"):
+        assert main([*base, "--batch-size", size]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    one, two = reports
+    assert two["batch_size"] == 2 and two["lossless"] is True
+    assert (two["tau"], two["tau_hist"], two["tokens"]) == (one["tau"], one["tau_hist"], one["tokens"])

@@ -22,47 +22,67 @@ def models():
 
 
 def block_outputs(target, drafter, ids, anchors):
+    """ids: [1, T]; anchors: [A] positions of one sequence -> block outputs [A, B, H]."""
     taps, _ = target.features(ids)
     ctx = drafter.fuse(taps)
-    n, a = anchors.shape
-    tokens = torch.full((n, a, B), 63)
-    tokens[:, :, 0] = torch.gather(ids, 1, anchors)
-    pos = (anchors[:, :, None] + torch.arange(B)).view(n, -1)
-    emb = target.embed_tokens(tokens.view(n, -1))
+    a, t = anchors.shape[0], ids.shape[1]
+    tokens = torch.full((a, B), 63)
+    tokens[:, 0] = ids[0, anchors]
+    pos = (anchors[:, None] + torch.arange(B)).view(1, -1)
+    emb = target.embed_tokens(tokens.view(1, -1))
+    mask = dense_mask(anchors, torch.zeros(a, dtype=torch.long), torch.zeros(t, dtype=torch.long), B)
     with torch.no_grad():
-        out = drafter(emb, pos, ctx, torch.arange(T)[None], dense_mask(anchors, T, B))
-    return out.view(n, a, B, -1)
+        out = drafter(emb, pos, ctx, torch.arange(t)[None], mask)
+    return out.view(a, B, -1)
 
 
 def test_block_ignores_context_at_or_after_its_anchor_and_other_blocks(models):
     target, drafter = models
     ids = torch.randint(0, 60, (1, T))
-    anchors = torch.tensor([[8, 14]])
+    anchors = torch.tensor([8, 14])
     base = block_outputs(target, drafter, ids, anchors)
     for pos in (9, 12, 20):  # at/after block 0's anchor (8) but not the anchor token itself
         changed = ids.clone()
         changed[0, pos] = (changed[0, pos] + 1) % 60
         out = block_outputs(target, drafter, changed, anchors)
-        torch.testing.assert_close(out[0, 0], base[0, 0])
+        torch.testing.assert_close(out[0], base[0])
 
 
 def test_block_sees_context_before_its_anchor(models):
     target, drafter = models
     ids = torch.randint(0, 60, (1, T))
-    anchors = torch.tensor([[8, 14]])
+    anchors = torch.tensor([8, 14])
     base = block_outputs(target, drafter, ids, anchors)
     changed = ids.clone()
     changed[0, 7] = (changed[0, 7] + 1) % 60
     out = block_outputs(target, drafter, changed, anchors)
-    assert (out[0, 0] - base[0, 0]).abs().max() > 1e-4
+    assert (out[0] - base[0]).abs().max() > 1e-4
 
 
 def test_blocks_are_isolated_even_when_anchors_are_adjacent(models):
     target, drafter = models
     ids = torch.randint(0, 60, (1, T))
-    alone = block_outputs(target, drafter, ids, torch.tensor([[10]]))
-    together = block_outputs(target, drafter, ids, torch.tensor([[10, 11]]))
-    torch.testing.assert_close(together[0, 0], alone[0, 0])
+    alone = block_outputs(target, drafter, ids, torch.tensor([10]))
+    together = block_outputs(target, drafter, ids, torch.tensor([10, 11]))
+    torch.testing.assert_close(together[0], alone[0])
+
+
+def test_packed_sequences_give_each_block_what_it_gets_alone(models):
+    """Packing is invisible: a block's output does not depend on the sequences packed beside it."""
+    target, drafter = models
+    first, second = torch.randint(0, 60, (1, T)), torch.randint(0, 60, (1, 15))
+    alone = block_outputs(target, drafter, second, torch.tensor([6]))[0]
+    taps = torch.cat([target.features(first)[0], target.features(second)[0]], dim=1)  # [1, T + 15, N*H]
+    doc = torch.tensor([0] * T + [1] * 15)
+    anchors = torch.tensor([9, T + 6])  # packed indices: one block in each sequence
+    tokens = torch.full((2, B), 63)
+    tokens[:, 0] = torch.cat([first, second], dim=1)[0, anchors]
+    pos = torch.tensor([[9, 10, 11, 12, 6, 7, 8, 9]])
+    ctx_pos = torch.cat([torch.arange(T), torch.arange(15)])[None]
+    with torch.no_grad():
+        out = drafter(target.embed_tokens(tokens.view(1, -1)), pos, drafter.fuse(taps), ctx_pos,
+                      dense_mask(anchors, torch.tensor([0, 1]), doc, B))
+    torch.testing.assert_close(out.view(2, B, -1)[1], alone, atol=1e-5, rtol=1e-4)
 
 
 def test_training_forward_equals_cached_decoding_forward(models):
@@ -70,7 +90,7 @@ def test_training_forward_equals_cached_decoding_forward(models):
     target, drafter = models
     ids = torch.randint(0, 60, (1, T))
     a = 13
-    train = block_outputs(target, drafter, ids, torch.tensor([[a]]))[0, 0]
+    train = block_outputs(target, drafter, ids, torch.tensor([a]))[0]
     taps, _ = target.features(ids[:, :a])
     cache = []
     tokens = torch.full((1, B), 63)

@@ -1,4 +1,5 @@
-"""The visibility rule: context strictly before the anchor, own block bidirectional, other blocks never."""
+"""The visibility rule: context of the same sequence strictly before the anchor, own block
+bidirectional, other blocks and other sequences never."""
 
 import torch
 
@@ -6,20 +7,29 @@ from blockdraft.model.masks import dense_mask
 
 
 def test_dense_mask_matches_the_rule_entry_by_entry():
-    t, b = 10, 3
-    anchors = torch.tensor([[2, 5, 7]])
-    m = dense_mask(anchors, t, b)[0, 0]
+    b = 3
+    context_doc = torch.tensor([0] * 6 + [1] * 4)  # two packed sequences: 6 then 4 tokens
+    anchors = torch.tensor([2, 4, 7])  # packed indices; the last block is sequence 1's
+    block_doc = torch.tensor([0, 0, 1])
+    t = context_doc.shape[0]
+    m = dense_mask(anchors, block_doc, context_doc, b)[0, 0]
     assert m.shape == (9, t + 9)
     for q in range(9):
         j = q // b
         for kv in range(t + 9):
             if kv < t:
-                expected = kv < anchors[0, j].item()
+                expected = bool(context_doc[kv] == block_doc[j]) and kv < anchors[j].item()
             else:
                 expected = (kv - t) // b == j
             assert m[q, kv].item() == expected, (q, kv)
 
 
 def test_anchor_position_itself_is_not_visible():
-    m = dense_mask(torch.tensor([[4]]), 8, 2)[0, 0]
+    m = dense_mask(torch.tensor([4]), torch.tensor([0]), torch.zeros(8, dtype=torch.long), 2)[0, 0]
     assert m[:, 3].all() and not m[:, 4].any()
+
+
+def test_a_block_never_sees_the_sequence_packed_before_it():
+    context_doc = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    m = dense_mask(torch.tensor([6]), torch.tensor([1]), context_doc, 2)[0, 0]
+    assert not m[:, :4].any() and m[:, 4:6].all() and not m[:, 6:8].any()

@@ -59,10 +59,10 @@ def test_a_nan_batch_changes_no_weight_no_moment_and_no_schedule(tiny_config, mo
     trainer = Trainer(tiny_config(), show_console=False)
     _plant_nan(monkeypatch, trainer, {2})
     try:
-        trainer.train_step([trainer._to_device(trainer.prefetcher.next())])
+        trainer.train_step([trainer.hot.to_device(trainer.prefetcher.next())])
         weights = {k: v.clone() for k, v in trainer.drafter.state_dict().items()}
         adam = _adam_state(trainer)
-        rec = trainer.train_step([trainer._to_device(trainer.prefetcher.next())])
+        rec = trainer.train_step([trainer.hot.to_device(trainer.prefetcher.next())])
     finally:
         trainer.prefetcher.close()
     assert rec["skipped"] and rec["skip_reason"] == "nonfinite_loss"

@@ -37,8 +37,8 @@ def test_two_micro_batches_equal_one_batch_of_both(tiny_config):
     both = dataclasses.replace(a, input_ids=torch.cat([a.input_ids, b.input_ids]),
                                loss_mask=torch.cat([a.loss_mask, b.loss_mask]),
                                lengths=torch.cat([a.lengths, b.lengths]))
-    r1 = t1.train_step([a, b])
-    r2 = t2.train_step([both])
+    r1 = t1.train_step([t1.hot.to_device(t1.hot.prepare(mb)) for mb in (a, b)])
+    r2 = t2.train_step([t2.hot.to_device(t2.hot.prepare(both))])
     assert r1["loss"] == pytest.approx(r2["loss"], rel=1e-5)
     assert r1["loss_tokens"] == r2["loss_tokens"]
     assert r1["grad_norm"] == pytest.approx(r2["grad_norm"], rel=1e-4)
@@ -124,23 +124,21 @@ def test_noise_applied_to_the_features_follows_the_schedule(tiny_config, monkeyp
     cfg = tiny_config(noise={"std": 0.5, "warmup_steps": 2, "schedule": "cosine", "final_std": 0.1},
                       train={"max_steps": 5, "save_every": 100})
     trainer = Trainer(cfg, show_console=False)
-    seen = []
-    real_forward = trainer.drafter.forward
+    seen, taps = [], []
+    real_forward, real_module = trainer.drafter.forward, trainer.hot.module.forward
+
+    def remember(packed_taps, *args):
+        taps.append(packed_taps)
+        return real_module(packed_taps, *args)
 
     def spy(block_embeds, block_positions, ctx, ctx_positions, mask=None, cache=None):
-        clean = trainer.drafter.fuse(trainer.target.features(trainer._last_ids)[0])
+        clean = trainer.drafter.fuse(taps[-1])
         seen.append(float((ctx - clean).detach().std()))
         return real_forward(block_embeds, block_positions, ctx, ctx_positions, mask, cache)
 
-    real_micro = trainer._forward_micro
-
-    def remember(batch, *args):
-        trainer._last_ids = batch.input_ids
-        return real_micro(batch, *args)
-
     monkeypatch.setattr(trainer.drafter, "forward", spy)
-    monkeypatch.setattr(trainer, "_forward_micro", remember)
-    logged = [trainer.train_step([trainer.prefetcher.next()])["noise_std"] for _ in range(5)]
+    monkeypatch.setattr(trainer.hot.module, "forward", remember)
+    logged = [trainer.train_step([trainer.hot.to_device(trainer.prefetcher.next())])["noise_std"] for _ in range(5)]
     expected = [noise_std_at(k, cfg.noise, trainer.total_steps) for k in range(1, 6)]
     assert logged == pytest.approx(expected)
     assert expected[0] == pytest.approx(0.25) and expected[-1] == pytest.approx(0.1)

@@ -7,7 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from blockdraft.config import LossConfig
-from blockdraft.train.loss import block_loss, chunked_terms, denominator, static_position_weights, streak_weights
+from blockdraft.train.loss import (
+    block_loss,
+    denominator,
+    fused_linear_loss,
+    static_position_weights,
+    streak_weights,
+)
 
 
 def test_exp_decay_weights_and_gamma_default():
@@ -29,56 +35,84 @@ def test_streak_weights_are_prefix_products_with_floor():
 
 def test_loss_is_weighted_mean_over_real_labels():
     torch.manual_seed(0)
-    n, a, k, h, v = 2, 3, 3, 8, 11
-    hidden = torch.randn(n, a, k, h)
+    blocks, k, h, v = 6, 3, 8, 11
+    hidden = torch.randn(blocks, k, h)
     weight = torch.randn(v, h)
-    labels = torch.randint(0, v, (n, a, k))
-    mask = torch.rand(n, a, k) > 0.3
+    labels = torch.randint(0, v, (blocks, k))
+    mask = torch.rand(blocks, k) > 0.3
     cfg = LossConfig(gamma=2.0, logits_chunk=64)
-    stats = block_loss(hidden, weight, labels, mask, mask.any(-1), cfg)
-    ce = F.cross_entropy((hidden @ weight.T).view(-1, v), labels.view(-1), reduction="none").view(n, a, k)
-    w = static_position_weights(cfg, k + 1, torch.device("cpu")).expand(n, a, k) * mask
+    stats = block_loss(hidden, weight, labels, mask, cfg)
+    ce = F.cross_entropy((hidden @ weight.T).view(-1, v), labels.view(-1), reduction="none").view(blocks, k)
+    w = static_position_weights(cfg, k + 1, torch.device("cpu")).expand(blocks, k) * mask
     expected = (ce * w).sum() / w.sum()
     assert (stats.weighted_loss / denominator(mask, cfg)).item() == pytest.approx(expected.item(), rel=1e-5)
     assert stats.counted.sum().item() == mask.sum().item()
 
 
-def test_chunked_terms_equal_unchunked_values_and_grads():
+def reference_loss(hidden, weight, labels, row_w, target_hidden, kl_weight, t):
+    """The plain autograd formula the fused function must reproduce."""
+    logits = hidden @ weight.T
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    p = F.softmax(target_hidden @ weight.T / t, -1)
+    kl = (p * (p.log() - F.log_softmax(logits / t, -1))).sum(-1) * t * t
+    return (row_w * (ce + kl_weight * kl)).sum(), ce, kl
+
+
+@pytest.mark.parametrize("chunk", [7, 1000])
+def test_fused_loss_equals_autograd_reference_values_and_grads(chunk):
     torch.manual_seed(0)
     h1 = torch.randn(50, 8, requires_grad=True)
     h2 = h1.detach().clone().requires_grad_(True)
     w = torch.randn(13, 8)
     y = torch.randint(0, 13, (50,))
+    row_w = torch.rand(50)
     th = torch.randn(50, 8)
-    ce1, kl1, _, _ = chunked_terms(h1, w, y, th, False, 2.0, chunk=7)
-    ce2, kl2, _, _ = chunked_terms(h2, w, y, th, False, 2.0, chunk=1000)
-    torch.testing.assert_close(ce1, ce2)
-    torch.testing.assert_close(kl1, kl2)
-    (ce1.sum() + kl1.sum()).backward()
-    (ce2.sum() + kl2.sum()).backward()
+    cfg = LossConfig(kl_weight=0.5, kl_temperature=2.0).model_copy(update={"logits_chunk": chunk})
+    total, terms = fused_linear_loss(h1, w, y, row_w, cfg, th)
+    expected, ce, kl = reference_loss(h2, w, y, row_w, th, 0.5, 2.0)
+    torch.testing.assert_close(total, expected)
+    torch.testing.assert_close(terms.ce, ce.detach())
+    torch.testing.assert_close(terms.kl, kl.detach())
+    (3.0 * total).backward()
+    (3.0 * expected).backward()
     torch.testing.assert_close(h1.grad, h2.grad)
 
 
-def test_kl_matches_its_definition():
-    torch.manual_seed(1)
-    h, th, w = torch.randn(5, 4), torch.randn(5, 4), torch.randn(9, 4)
-    t = 2.0
-    _, kl, _, _ = chunked_terms(h, w, torch.zeros(5, dtype=torch.long), th, False, t, chunk=64)
-    p = F.softmax(th @ w.T / t, -1)
-    q = F.log_softmax(h @ w.T / t, -1)
-    expected = (p * (p.log() - q)).sum(-1) * t * t
-    torch.testing.assert_close(kl, expected)
+def test_target_labels_are_the_targets_argmax():
+    torch.manual_seed(2)
+    h, th, w = torch.randn(6, 4), torch.randn(6, 4), torch.randn(9, 4)
+    cfg = LossConfig(labels="target")
+    _, terms = fused_linear_loss(h, w, torch.zeros(6, dtype=torch.long), torch.ones(6), cfg, th)
+    assert terms.labels.tolist() == (th @ w.T).argmax(-1).tolist()
+    torch.testing.assert_close(terms.ce, F.cross_entropy(h @ w.T, terms.labels, reduction="none"))
+
+
+def test_streak_weighting_uses_detached_prefix_probabilities():
+    torch.manual_seed(3)
+    blocks, k, hd, v = 4, 3, 6, 7
+    hidden = torch.randn(blocks, k, hd, requires_grad=True)
+    weight = torch.randn(v, hd)
+    labels = torch.randint(0, v, (blocks, k))
+    mask = torch.ones(blocks, k, dtype=torch.bool)
+    cfg = LossConfig(weighting="streak", streak_floor=0.05)
+    stats = block_loss(hidden, weight, labels, mask, cfg)
+    stats.weighted_loss.backward()
+    h2 = hidden.detach().clone().requires_grad_(True)
+    ce = F.cross_entropy((h2 @ weight.T).view(-1, v), labels.view(-1), reduction="none").view(blocks, k)
+    w = streak_weights(torch.exp(-ce.detach()), 0.05)
+    (w * ce).sum().backward()
+    torch.testing.assert_close(hidden.grad, h2.grad)
 
 
 def test_metrics_acc_and_streak():
     v, h = 5, 5
     weight = torch.eye(v)
-    labels = torch.tensor([[[1, 2, 3]]])
-    hidden = torch.zeros(1, 1, 3, h)
-    hidden[0, 0, 0, 1] = 10  # right
-    hidden[0, 0, 1, 2] = 10  # right
-    hidden[0, 0, 2, 0] = 10  # wrong
-    mask = torch.ones(1, 1, 3, dtype=torch.bool)
-    stats = block_loss(hidden, weight, labels, mask, mask.any(-1), LossConfig())
+    labels = torch.tensor([[1, 2, 3]])
+    hidden = torch.zeros(1, 3, h)
+    hidden[0, 0, 1] = 10  # right
+    hidden[0, 1, 2] = 10  # right
+    hidden[0, 2, 0] = 10  # wrong
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    stats = block_loss(hidden, weight, labels, mask, LossConfig())
     assert stats.correct.tolist() == [1.0, 1.0, 0.0]
     assert stats.streak_sum.item() == 2.0 and stats.blocks.item() == 1.0

@@ -15,7 +15,8 @@ goes multimodal ("gradient whiplash": the seed incident). Here:
 - with data parallelism the schedule runs over groups of `world_size` batches of one bucket, and
   rank r takes the r-th batch of each group: all ranks see the same bucket at the same step (a
   bucket's batch count is rounded up to a multiple of world_size by repeating a few batches).
-Everything is a pure function of (lengths, config, seed, epoch), which makes resumption exact.
+Everything is a pure function of (lengths, config, seed, epoch), which makes resumption exact. A
+position saved at one world size moves to another at the same fraction of its epoch (`carry_over`).
 """
 
 from __future__ import annotations
@@ -202,17 +203,17 @@ class BatchSampler:
         self.group_counts = [math.ceil(n / world_size) for n in self.batch_counts]
         self.batches_per_epoch = sum(self.group_counts)
         self.bound = run_bound(self.group_counts, cfg.max_same_bucket_run) if cfg.interleave else None
-        self.fingerprint = self._fingerprint()
+        self.fingerprint = self._fingerprint(world_size)
         self._schedules: dict[int, np.ndarray] = {}
         self._plans: dict[int, list[PlannedBatch]] = {}
         self._lock = threading.RLock()  # the prefetch thread plans while the main thread describes
         self.epoch = 0
         self.index = 0
 
-    def _fingerprint(self) -> str:
+    def _fingerprint(self, world_size: int) -> str:
         h = hashlib.blake2b(self.lengths.astype(np.int64).tobytes(), digest_size=12)
         options = (self.cfg.buckets, self.budget, self.cfg.max_same_bucket_run, self.cfg.interleave)
-        h.update(repr((options, self.seed, self.world_size)).encode())
+        h.update(repr((options, self.seed, world_size)).encode())
         return h.hexdigest()
 
     def _rng(self, epoch: int, stream: int) -> np.random.Generator:
@@ -301,6 +302,18 @@ class BatchSampler:
         if not 0 <= index < self.batches_per_epoch or epoch < 0:
             raise UserError(f"sampler state out of range: epoch {epoch}, index {index}")
         self.epoch, self.index = epoch, index
+
+    def carry_over(self, state: dict[str, Any], world_size: int) -> dict[str, Any]:
+        """A position saved by a run of `world_size` ranks, for this one: unchanged at the same world
+        size; otherwise the same epoch at the same fraction of it, in this world size's plan (the
+        plans differ, so a few of this epoch's samples may be seen twice or not at all)."""
+        if world_size == self.world_size:
+            return state
+        if state.get("fingerprint") != self._fingerprint(world_size):
+            self.load_state_dict(state)  # raises the data-changed error
+        saved_batches = sum(math.ceil(n / world_size) for n in self.batch_counts)
+        index = min(self.batches_per_epoch - 1, round(int(state["index"]) * self.batches_per_epoch / saved_batches))
+        return {"epoch": int(state["epoch"]), "index": index, "fingerprint": self.fingerprint}
 
     def describe(self, epochs: int = 2) -> dict[str, Any]:
         """The batch plan as printed at start, logged as the `data` record, and given by `data --json`."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from blockdraft.data.reading import BadRecord, Chunk, check_files, iter_chunks, parse_item
+from blockdraft.data.reading import BadRecord, Chunk, Record, check_files, iter_chunks, parse_item
 from blockdraft.data.report import DataReport
 from blockdraft.data.tokenize import SampleEncoder
 from blockdraft.errors import UserError
@@ -50,13 +50,22 @@ class ChunkResult:
 
 
 def encode_chunk(encoder: SampleEncoder, fmt: str, chunk: Chunk) -> ChunkResult:
-    ids, masks, lengths, lines, loss, truncated, skips = [], [], [], [], [], [], []
+    """Parse a chunk's lines, then encode its good records together (`SampleEncoder.encode_many`)."""
+    parsed: list[tuple[int, Record | BadRecord]] = []
     for line_no, item in chunk:
         try:
-            sample_ids, mask, cut = encoder.encode(parse_item(item, fmt))
+            parsed.append((line_no, parse_item(item, fmt)))
         except BadRecord as bad:
-            skips.append((bad.reason, line_no))
+            parsed.append((line_no, bad))
+    good = [rec for _, rec in parsed if not isinstance(rec, BadRecord)]
+    encoded = iter(encoder.encode_many(good))
+    ids, masks, lengths, lines, loss, truncated, skips = [], [], [], [], [], [], []
+    for line_no, rec in parsed:
+        result = rec if isinstance(rec, BadRecord) else next(encoded)
+        if isinstance(result, BadRecord):
+            skips.append((result.reason, line_no))
             continue
+        sample_ids, mask, cut = result
         ids.append(sample_ids)
         masks.append(mask)
         lengths.append(len(sample_ids))

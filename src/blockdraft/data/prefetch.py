@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ class Batch:
     epoch_progress: float
     real_tokens: int
     padded_tokens: int
+    passes: Any = None  # filled by the consumer's `prepare` hook, in the prefetch thread
 
 
 def collate(dataset: TokenizedDataset, planned: PlannedBatch, batches_per_epoch: int, pin: bool) -> Batch:
@@ -71,8 +73,17 @@ class _Failure:
 class Prefetcher:
     """`next()` returns batches forever; `state_dict()` is the position after the last one returned."""
 
-    def __init__(self, dataset: TokenizedDataset, sampler: BatchSampler, depth: int, pin_memory: bool):
+    def __init__(
+        self,
+        dataset: TokenizedDataset,
+        sampler: BatchSampler,
+        depth: int,
+        pin_memory: bool,
+        prepare: Callable[[Batch], Batch] | None = None,
+    ):
+        """`prepare` runs on each batch in the background thread (the trainer packs batches there)."""
         self.dataset = dataset
+        self.prepare = prepare
         self.sampler = sampler
         self.depth = max(1, depth)
         self.pin = bool(pin_memory) and torch.cuda.is_available()
@@ -101,7 +112,8 @@ class Prefetcher:
         try:
             while not stop.is_set():
                 planned = self.sampler.next()
-                self._put(stop, q, collate(self.dataset, planned, self.sampler.batches_per_epoch, self.pin))
+                batch = collate(self.dataset, planned, self.sampler.batches_per_epoch, self.pin)
+                self._put(stop, q, self.prepare(batch) if self.prepare else batch)
         except BaseException as exc:  # handed to the trainer's thread by next()
             self._put(stop, q, _Failure(exc))
 

@@ -24,6 +24,7 @@ from blockdraft.data.reading import BadRecord, Chat, Record, Text
 from blockdraft.errors import UserError
 
 SENTINEL = "\ue000\ue001"
+Spans = list[tuple[int, int]]
 _SPACE = re.compile(r"\s*")
 
 
@@ -198,20 +199,60 @@ class SampleEncoder:
 
     def encode(self, record: Record) -> tuple[np.ndarray, np.ndarray, bool]:
         """(ids int32, loss mask bool, truncated) for one record, or BadRecord."""
+        (result,) = self.encode_many([record])
+        if isinstance(result, BadRecord):
+            raise result
+        return result
+
+    def encode_many(self, records: list[Record]) -> list[tuple[np.ndarray, np.ndarray, bool] | BadRecord]:
+        """`encode` for many records, each result or BadRecord in order. Templates are rendered one by
+        one (Python); the texts then go to the Rust tokenizer in one `encode_batch` per kind, which
+        saves a call per record and uses every core where the tokenizer may run threads."""
+        prepared: list[tuple[str, Spans | None] | BadRecord] = []
+        for record in records:
+            try:
+                prepared.append(self._prepare(record))
+            except BadRecord as bad:
+                prepared.append(bad)
+        results: list[tuple[np.ndarray, np.ndarray, bool] | BadRecord] = []
+        for prep, enc in zip(prepared, self._encode_texts(prepared), strict=True):
+            try:
+                results.append(prep if isinstance(prep, BadRecord) else self._finish(enc, *prep))
+            except BadRecord as bad:
+                results.append(bad)
+        return results
+
+    def _prepare(self, record: Record) -> tuple[str, Spans | None]:
+        """The text to tokenise and, for a chat, its assistant spans (None: learn every token)."""
         if isinstance(record, Text):
-            ids = self.backend.encode(record.text, add_special_tokens=True).ids
-            mask = np.ones(len(ids), dtype=np.bool_)
-        elif isinstance(record, Chat):
+            return record.text, None
+        if isinstance(record, Chat):
             if not self.has_template:
                 raise UserError("the target tokenizer has no chat template; use data.format=text for plain text")
-            full, spans = self.assistant_spans(record.messages)
-            enc = self.backend.encode(full, add_special_tokens=False)
-            ids = enc.ids
-            mask = self._mask_from_spans(ids, enc.offsets, full, spans)
+            return self.assistant_spans(record.messages)
+        raise TypeError(f"not a record: {record!r}")
+
+    def _encode_texts(self, prepared: list[tuple[str, Spans | None] | BadRecord]) -> list[Any]:
+        """One Encoding per prepared record (None for a BadRecord): plain text with the tokenizer's
+        special tokens, chats without (their template already wrote them)."""
+        encodings: list[Any] = [None] * len(prepared)
+        for is_text in (True, False):
+            index = [i for i, p in enumerate(prepared) if not isinstance(p, BadRecord) and (p[1] is None) == is_text]
+            if index:
+                batch = self.backend.encode_batch([prepared[i][0] for i in index], add_special_tokens=is_text)
+                for i, enc in zip(index, batch, strict=True):
+                    encodings[i] = enc
+        return encodings
+
+    def _finish(self, enc: Any, text: str, spans: Spans | None) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Loss mask from the encoding's offsets, then the max_len policy."""
+        ids = enc.ids
+        if spans is None:
+            mask = np.ones(len(ids), dtype=np.bool_)
+        else:
+            mask = self._mask_from_spans(ids, enc.offsets, text, spans)
             if not mask.any():
                 raise BadRecord("no_assistant_tokens")
-        else:
-            raise TypeError(f"not a record: {record!r}")
         truncated = len(ids) > self.max_len
         if truncated:
             if self.overlong == "drop":

@@ -18,7 +18,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", required=True, nargs="+", help="prompt files: JSONL chats or raw text")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--limit", type=int, default=16, help="use at most this many prompts (default 16)")
+    p.add_argument("--prompt-tokens", type=int, default=256,
+                   help="prompt length cap in tokens (default 256, as eval.prompt_tokens in training)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled (lossless)")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="greedy single path: decode this many prompts at once (pays on a GPU; default 1)")
     p.add_argument("--tree-budget", default="", help="DDTree node budgets, e.g. 16,32,64 (default: path only)")
     p.add_argument("--thinking", action="store_true", help="render chat prompts with thinking on")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
@@ -46,20 +50,20 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.train.loop import pick_device
 
     budgets = parse_budgets(args.tree_budget)
-    if args.max_new_tokens < 1 or args.limit < 1:
-        raise UserError("--max-new-tokens and --limit must be >= 1")
+    if min(args.max_new_tokens, args.limit, args.prompt_tokens, args.batch_size) < 1:
+        raise UserError("--max-new-tokens, --limit, --prompt-tokens and --batch-size must be >= 1")
     if args.temperature < 0:
         raise UserError("--temperature must be >= 0")
     device = pick_device(args.device)
     _, tokenizer, _ = load_target(args.target, None, device)  # prompts first: a bad set fails before the weights load
-    cfg = EvalConfig(prompts=args.prompts, max_prompts=args.limit, max_new_tokens=args.max_new_tokens)
+    cfg = EvalConfig(prompts=args.prompts, max_prompts=args.limit, max_new_tokens=args.max_new_tokens,
+                     prompt_tokens=args.prompt_tokens)
     prompts, skipped = load_prompts(args.prompts, tokenizer, cfg, thinking=args.thinking)
     drafter = load_drafter(args.drafter, device)
     target, _, _ = load_target(args.target, drafter.target_layer_ids, device)
     drafter.to(target.embed_tokens.weight.dtype)
-    results, target_tps = evaluate(
-        target, drafter, prompts, args.max_new_tokens, tokenizer.eos_token_id, budgets, args.temperature, args.seed
-    )
+    results, target_tps = evaluate(target, drafter, prompts, args.max_new_tokens, tokenizer.eos_token_id, budgets,
+                                   args.temperature, args.seed, args.batch_size)
     path = results[0]
     summary = {
         "tau": path.tau,
@@ -69,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         "speedup": path.speedup,
         "lossless": path.lossless,
         "temperature": args.temperature,
+        "batch_size": args.batch_size,
         "block_size": drafter.block_size,
         "target_tokens_per_s": target_tps,
         "skipped_lines": skipped,

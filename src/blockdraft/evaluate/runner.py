@@ -1,5 +1,8 @@
 """One evaluation sweep: every prompt decoded by each mode (single path, tree budgets) and once by
-the target alone, so tau, acceptance per position, tokens/s and speedup come from the same prompts."""
+the target alone, so tau, acceptance per position, tokens/s and speedup come from the same prompts.
+With batch_size > 1 the greedy single path and its target-only baseline decode that many prompts at
+once (evaluate/batched.py), so the speedup compares like with like; tree and sampled modes stay
+one prompt at a time."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from blockdraft.evaluate.batched import speculative_greedy_batch, target_greedy_batch
 from blockdraft.evaluate.ddtree import tree_decode
 from blockdraft.evaluate.sampling import target_sample
 from blockdraft.evaluate.speculative import Generation, speculative_greedy
@@ -72,19 +76,32 @@ def evaluate(
     budgets: list[int],
     temperature: float = 0.0,
     seed: int = 0,
+    batch_size: int = 1,
 ) -> tuple[list[ModeResult], float]:
-    """Results for the single path then each budget, and target-only tokens/s."""
+    """Results for the single path then each budget, and target-only tokens/s (batched as the path)."""
     drafter.eval()
     device = target.embed_tokens.weight.device
     greedy = temperature <= 0
+    batched = greedy and batch_size > 1
+    chunks = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
     gen = torch.Generator(device=device).manual_seed(seed)
-    refs = [target_sample(target, p, max_new_tokens, eos_id, temperature, gen) for p in prompts]
+
+    def one_at_a_time() -> list[Generation]:
+        return [target_sample(target, p, max_new_tokens, eos_id, temperature, gen) for p in prompts]
+
+    if batched:  # the path's baseline is batched like it; trees, decoded one at a time, keep their own
+        refs = [g for chunk in chunks for g in target_greedy_batch(target, chunk, max_new_tokens, eos_id)]
+        tree_refs = one_at_a_time() if budgets else refs
+    else:
+        refs = tree_refs = one_at_a_time()
     results = []
     for budget in [None, *budgets]:
-        if greedy and budget is None:  # the crop-based path decoder: cheaper than a chain tree
+        if batched and budget is None:
+            gens = [g for c in chunks for g in speculative_greedy_batch(target, drafter, c, max_new_tokens, eos_id)]
+        elif greedy and budget is None:  # the crop-based path decoder: cheaper than a chain tree
             gens = [speculative_greedy(target, drafter, p, max_new_tokens, eos_id) for p in prompts]
         else:
             gens = [tree_decode(target, drafter, p, max_new_tokens, eos_id, budget, temperature, gen) for p in prompts]
-        results.append(summarize(gens, refs, drafter.block_size, budget, greedy))
+        results.append(summarize(gens, refs if budget is None else tree_refs, drafter.block_size, budget, greedy))
     ref_tokens, ref_seconds = sum(len(r.tokens) for r in refs), sum(r.seconds for r in refs)
     return results, ref_tokens / ref_seconds if ref_seconds else 0.0

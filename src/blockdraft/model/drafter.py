@@ -11,11 +11,22 @@ Parameter names match the serving format (fc, hidden_norm, layers.i.self_attn.q_
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+
+
+@functools.cache
+def compiled_flex_attention():
+    """flex_attention only becomes a fused kernel under torch.compile (eager it materialises scores)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -69,7 +80,8 @@ class DraftAttention(nn.Module):
         else:
             from torch.nn.attention.flex_attention import flex_attention
 
-            out = flex_attention(q, k, v, block_mask=mask, enable_gqa=self.nh != self.nkv)
+            flex = compiled_flex_attention() if q.is_cuda else flex_attention  # eager on CPU: tests only
+            out = flex(q, k, v, block_mask=mask, enable_gqa=self.nh != self.nkv)
         return self.o_proj(out.transpose(1, 2).reshape(n, q_len, self.nh * self.hd))
 
 
@@ -113,6 +125,7 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = Qwen3RMSNorm(h, eps=cfg.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(cfg)
+        self.checkpoint_layers = False  # activation checkpointing, for long contexts
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -154,7 +167,10 @@ class DFlashDrafter(nn.Module):
                     cache[i] = (k, v)
                 else:
                     cache.append((k, v))
-            x = layer(x, rope_q, (k, v), mask)
+            if self.checkpoint_layers and torch.is_grad_enabled():
+                x = checkpoint(layer, x, rope_q, (k, v), mask, use_reentrant=False)
+            else:
+                x = layer(x, rope_q, (k, v), mask)
         return self.norm(x)
 
 

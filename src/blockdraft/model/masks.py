@@ -1,9 +1,10 @@
 """The DFlash training visibility rule, written once and used two ways.
 
-Keys are laid out as [T context features | A*B block tokens]; queries are the A*B block tokens.
-A query of block j (anchor at position a_j) may see
-  - context key t only if t < a_j (strictly before its anchor: the anchor's own hidden state is
-    not known at inference time), and
+Training runs packed (train/blocks.py): keys are laid out as [L context features | V*B block tokens],
+the context being the real tokens of all sequences end to end; queries are the V*B block tokens.
+A query of block j (anchor at packed index a_j, in sequence d_j) may see
+  - context key t only if t is in the same sequence and t < a_j (strictly before its anchor: the
+    anchor's own hidden state is not known at inference time), and
   - every token of its own block (bidirectional), and no token of any other block.
 
 `visibility` is a flex-attention `mask_mod` body written with tensor ops only, so the same function
@@ -19,13 +20,16 @@ import torch
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def visibility(anchors: torch.Tensor, context_len: int, block_size: int) -> MaskMod:
-    """anchors: [n, A] absolute anchor positions. Returns mask_mod(b, h, q_idx, kv_idx) -> bool."""
+def visibility(anchors: torch.Tensor, block_doc: torch.Tensor, context_doc: torch.Tensor, block_size: int) -> MaskMod:
+    """anchors, block_doc: [V] packed anchor index and sequence of each block; context_doc: [L]
+    sequence of each context token. Returns mask_mod(b, h, q_idx, kv_idx) -> bool."""
+    context_len = context_doc.shape[0]
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         q_block = q_idx // block_size
         is_context = kv_idx < context_len
-        sees_context = is_context & (kv_idx < anchors[b, q_block])
+        same_doc = context_doc[kv_idx.clamp(max=context_len - 1)] == block_doc[q_block]
+        sees_context = is_context & same_doc & (kv_idx < anchors[q_block])
         kv_block = (kv_idx - context_len).clamp(min=0) // block_size
         sees_own_block = (~is_context) & (kv_block == q_block)
         return sees_context | sees_own_block
@@ -33,29 +37,30 @@ def visibility(anchors: torch.Tensor, context_len: int, block_size: int) -> Mask
     return mask_mod
 
 
-def dense_mask(anchors: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
-    """[n, 1, A*B, T + A*B] boolean mask (True = may attend), for SDPA."""
-    n, num_anchors = anchors.shape
-    q_len = num_anchors * block_size
+def dense_mask(
+    anchors: torch.Tensor, block_doc: torch.Tensor, context_doc: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """[1, 1, V*B, L + V*B] boolean mask (True = may attend), for SDPA."""
+    q_len = anchors.shape[0] * block_size
     device = anchors.device
-    b = torch.arange(n, device=device)[:, None, None, None]
-    h = torch.zeros((), dtype=torch.long, device=device)
-    q = torch.arange(q_len, device=device)[None, None, :, None]
-    kv = torch.arange(context_len + q_len, device=device)[None, None, None, :]
-    return visibility(anchors, context_len, block_size)(b, h, q, kv)
+    zero = torch.zeros((), dtype=torch.long, device=device)
+    q = torch.arange(q_len, device=device)[:, None]
+    kv = torch.arange(context_doc.shape[0] + q_len, device=device)[None, :]
+    return visibility(anchors, block_doc, context_doc, block_size)(zero, zero, q, kv)[None, None]
 
 
-def flex_block_mask(anchors: torch.Tensor, context_len: int, block_size: int):
-    """A flex-attention BlockMask for the same rule; built once per batch, shared by all layers."""
+def flex_block_mask(anchors: torch.Tensor, block_doc: torch.Tensor, context_doc: torch.Tensor, block_size: int):
+    """A flex-attention BlockMask for the same rule; built once per micro-batch, shared by all layers.
+    Its tiles outside a block's own sequence are skipped, so packing costs no attention work."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    n, num_anchors = anchors.shape
-    q_len = num_anchors * block_size
+    q_len = anchors.shape[0] * block_size
     return create_block_mask(
-        visibility(anchors, context_len, block_size),
-        B=n,
+        visibility(anchors, block_doc, context_doc, block_size),
+        B=None,
         H=None,
         Q_LEN=q_len,
-        KV_LEN=context_len + q_len,
+        KV_LEN=context_doc.shape[0] + q_len,
         device=anchors.device,
+        _compile=anchors.is_cuda,
     )

@@ -56,6 +56,7 @@ class Target(nn.Module):
         super().__init__()
         self.model = model
         self.layer_ids = sorted(layer_ids)
+        self._compiled_forwards: dict[int, object] = {}
         n_layers = len(self.decoder_layers)
         if not self.layer_ids or self.layer_ids[-1] >= n_layers:
             raise UserError(f"target_layer_ids {layer_ids} out of range for a {n_layers}-layer target")
@@ -80,8 +81,14 @@ class Target(nn.Module):
     def lm_head(self) -> nn.Module:
         return self.model.get_output_embeddings()
 
+    def compile_features(self) -> None:
+        """torch.compile the forward of each layer up to the last tap, for `features` only (decoding,
+        with its KV cache, stays eager). The hooks stay outside the compiled code."""
+        layers = self.decoder_layers
+        self._compiled_forwards = {i: torch.compile(layers[i].forward) for i in range(self.layer_ids[-1] + 1)}
+
     @contextlib.contextmanager
-    def _tapping(self, stop_early: bool) -> Iterator[list[torch.Tensor]]:
+    def _tapping(self, stop_early: bool, compiled: bool = False) -> Iterator[list[torch.Tensor]]:
         """Hooks that keep the tapped layers' outputs; optionally run only up to the last tap."""
         captured: list[torch.Tensor] = []
         backbone = self.backbone
@@ -91,12 +98,17 @@ class Target(nn.Module):
             captured.append(output[0] if isinstance(output, tuple) else output)
 
         handles = [full[i].register_forward_hook(keep) for i in self.layer_ids]
+        swapped = list(self._compiled_forwards.items()) if compiled else []
+        for i, forward in swapped:
+            full[i].forward = forward  # an instance attribute shadows the class's forward
         if stop_early:
             backbone.layers = full[: self.layer_ids[-1] + 1]
         try:
             yield captured
         finally:
             backbone.layers = full
+            for i, _ in swapped:
+                del full[i].forward
             for handle in handles:
                 handle.remove()
 
@@ -107,7 +119,7 @@ class Target(nn.Module):
         """input_ids: [n, T] right-padded (causal attention never lets a real token see padding).
         Returns taps [n, T, N*H] and, if final_hidden, the final normed hidden state [n, T, H]
         (for target logits, computed by the caller in chunks)."""
-        with self._tapping(stop_early=not final_hidden) as captured:
+        with self._tapping(stop_early=not final_hidden, compiled=True) as captured:
             out = self.backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False)
         taps = torch.cat(captured, dim=-1)
         return taps, (out.last_hidden_state if final_hidden else None)

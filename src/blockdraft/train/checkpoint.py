@@ -16,6 +16,13 @@ Asynchronous saves: the trainer stages a consistent snapshot into host memory be
 (`Stager`, pinned and reused buffers for GPU tensors) and `AsyncCheckpointer` writes it with the
 protocol above in a background thread while training goes on; at most one save is in flight, so the
 only time the loop is held is the wait for the previous save (if still running) plus the copy.
+
+Data-parallel runs (`ShardedCheckpointer`): drafter.safetensors and optimizer.pt are replaced by a
+torch.distributed.checkpoint folder content (`.metadata` + one `__R_0.distcp` per rank), written by
+every rank into the same temp folder; rank 0 adds the other files and commits as above. DCP records
+each tensor's global shape and its shards, so a resume at any world size (1 included) reads back
+exactly the slices it needs, and `load_checkpoint(..., with_training_state=False)` gathers the
+full drafter for export. The folder must be on a file system that every rank sees.
 """
 
 from __future__ import annotations
@@ -26,16 +33,22 @@ import shutil
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner, _load_state_dict
 
 from blockdraft.errors import UserError
 
 MARKER = "COMMITTED"
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index: marks a sharded checkpoint
 
 
 @dataclass
@@ -81,17 +94,30 @@ def save_checkpoint(
     keep_last: int,
 ) -> SavedCheckpoint:
     t0 = time.time()
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    final = ckpt_root / step_dir_name(step)
-    tmp = ckpt_root / f".tmp-{final.name}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    tmp = _fresh_tmp(ckpt_root, step)
     try:
         manifest = _write_files(tmp, drafter_state, drafter_config, optimizer_state, trainer_state, trainer_info)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed write (full disk) leaves nothing behind
         raise
+    path, size = _commit(ckpt_root, tmp, step, manifest, keep_last)
+    return SavedCheckpoint(path, size, time.time() - t0)
+
+
+def _fresh_tmp(ckpt_root: Path, step: int) -> Path:
+    """An empty temp folder for the save of `step` (a leftover of a crash is removed)."""
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt_root / f".tmp-{step_dir_name(step)}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def _commit(ckpt_root: Path, tmp: Path, step: int, manifest: dict[str, tuple[int, int]], keep_last: int
+            ) -> tuple[Path, int]:
+    """Rename the sealed temp folder into place, then COMMITTED, `latest` and pruning."""
+    final = ckpt_root / step_dir_name(step)
     if final.exists():  # an uncommitted leftover of an earlier crash at this very step
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -102,7 +128,7 @@ def save_checkpoint(
     _fsync_dir(final)
     _point_latest(ckpt_root, final)
     _prune(ckpt_root, keep_last)
-    return SavedCheckpoint(final, sum(size for size, _ in manifest.values()), time.time() - t0)
+    return final, sum(size for size, _ in manifest.values())
 
 
 def _crc32(path: Path) -> int:
@@ -123,10 +149,20 @@ def _write_files(
 ) -> dict[str, tuple[int, int]]:
     """Write and fsync every file; returns {name: (bytes, crc32)} for the COMMITTED manifest."""
     save_file({k: v.contiguous() for k, v in drafter_state.items()}, tmp / "drafter.safetensors")
-    (tmp / "drafter_config.json").write_text(json.dumps(drafter_config, indent=2))
     torch.save(optimizer_state, tmp / "optimizer.pt")
+    _write_meta(tmp, drafter_config, trainer_state, trainer_info)
+    return _seal(tmp)
+
+
+def _write_meta(tmp: Path, drafter_config: dict[str, Any], trainer_state: dict[str, Any],
+                trainer_info: dict[str, Any]) -> None:
+    (tmp / "drafter_config.json").write_text(json.dumps(drafter_config, indent=2))
     torch.save(trainer_state, tmp / "trainer.pt")
     (tmp / "trainer.json").write_text(json.dumps(trainer_info, indent=2, default=str))
+
+
+def _seal(tmp: Path) -> dict[str, tuple[int, int]]:
+    """fsync every file of the folder and the folder itself; {name: (bytes, crc32)}."""
     manifest = {}
     for f in sorted(tmp.iterdir()):
         _fsync_file(f)
@@ -207,18 +243,24 @@ class AsyncCheckpointer:
         self._result: dict[str, Any] | None = None
 
     def submit(self, snap: Snapshot, stall_s: float) -> None:
+        """Write `snap` (already staged by the caller, which took `stall_s` for it)."""
+        self._launch(snap.step, stall_s, lambda: save_checkpoint(
+            self.ckpt_root, snap.step, snap.drafter_state, snap.drafter_config, snap.optimizer_state,
+            snap.trainer_state, snap.trainer_info, self.keep_last))
+
+    def _launch(self, step: int, stall_s: float, write: Callable[[], SavedCheckpoint]) -> None:
         if self._thread is not None:
             raise RuntimeError("a checkpoint is already in flight; wait() first")
         self._result = None
-        self._thread = threading.Thread(target=self._write, args=(snap, stall_s), name="checkpoint", daemon=True)
+        self._thread = threading.Thread(target=self._write, args=(step, stall_s, write), name="checkpoint",
+                                        daemon=True)
         self._thread.start()
 
-    def _write(self, snap: Snapshot, stall_s: float) -> None:
-        info: dict[str, Any] = {"path": str(self.ckpt_root / step_dir_name(snap.step)), "stall_s": stall_s}
+    def _write(self, step: int, stall_s: float, write: Callable[[], SavedCheckpoint]) -> None:
+        info: dict[str, Any] = {"path": str(self.ckpt_root / step_dir_name(step)), "stall_s": stall_s}
         t0 = time.time()
         try:
-            saved = save_checkpoint(self.ckpt_root, snap.step, snap.drafter_state, snap.drafter_config,
-                                    snap.optimizer_state, snap.trainer_state, snap.trainer_info, self.keep_last)
+            saved = write()
             info.update(path=str(saved.path), write_s=saved.write_s, bytes=saved.bytes, committed=True)
         except Exception as exc:  # reported by the trainer as a warning; training goes on
             info.update(write_s=time.time() - t0, bytes=0, committed=False, error=f"{type(exc).__name__}: {exc}")
@@ -233,6 +275,48 @@ class AsyncCheckpointer:
         self._thread.join()
         self._thread = None
         return self._result, time.perf_counter() - t0
+
+
+class ShardedCheckpointer(AsyncCheckpointer):
+    """The same protocol for a data-parallel run. `submit` is called by every rank at the same step:
+    dcp.async_save stages this rank's shards of the drafter and AdamW state to host memory (the
+    loop's only hold), then writes them in the background over `group`, a gloo group of its own (a
+    collective there never interleaves with the training's). Once the coordinator's save returns,
+    every rank's shards are on disk; rank 0 then adds the trainer files, seals and commits."""
+
+    def __init__(self, ckpt_root: Path, keep_last: int, rank: int, group: dist.ProcessGroup) -> None:
+        super().__init__(ckpt_root, keep_last)
+        self.rank, self.group = rank, group
+        self._writer: FileSystemWriter | None = None  # kept: on CUDA it reuses its pinned staging buffers
+
+    def submit(self, snap: Snapshot, stall_s: float) -> None:
+        """`snap` holds the live (sharded) state dicts: they are staged here, before returning."""
+        t0 = time.perf_counter()
+        tmp = self.ckpt_root / f".tmp-{step_dir_name(snap.step)}"
+        if self.rank == 0:
+            tmp = _fresh_tmp(self.ckpt_root, snap.step)
+        dist.barrier(group=self.group)
+        if self._writer is None:
+            self._writer = FileSystemWriter(tmp, cache_staged_state_dict=torch.cuda.is_available())
+        future = dcp.async_save({"model": snap.drafter_state, "optim": snap.optimizer_state}, checkpoint_id=tmp,
+                                storage_writer=self._writer, process_group=self.group)
+        started = time.time()
+
+        def finish() -> SavedCheckpoint:
+            final = self.ckpt_root / step_dir_name(snap.step)
+            try:
+                future.result()
+            except BaseException:  # reported on every rank; no rank writes any more: clean up once
+                if self.rank == 0:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            if self.rank != 0:
+                return SavedCheckpoint(final, 0, time.time() - started)
+            _write_meta(tmp, snap.drafter_config, snap.trainer_state, snap.trainer_info)
+            path, size = _commit(self.ckpt_root, tmp, snap.step, _seal(tmp), self.keep_last)
+            return SavedCheckpoint(path, size, time.time() - started)
+
+        self._launch(snap.step, stall_s + time.perf_counter() - t0, finish)
 
 
 def _point_latest(ckpt_root: Path, target: Path) -> None:
@@ -265,30 +349,55 @@ def resolve_checkpoint(path: Path) -> Path:
         found = committed_checkpoints(root)
         if found:
             return found[-1]
-    if (path / "drafter.safetensors").is_file():
+    if (path / "drafter.safetensors").is_file() or (path / DCP_METADATA).is_file():
         raise UserError(f"{path} is an incomplete checkpoint (no {MARKER} marker): it was never finished")
     raise UserError(f"no complete checkpoint under {path}")
 
 
 @dataclass
 class LoadedCheckpoint:
+    """A checkpoint read back. For a sharded one (`sharded`), the drafter and optimizer states are
+    None when the training state was asked for: the trainer loads them in place, resharded
+    (`distributed.load_weights`); without training state, the drafter is gathered in full."""
+
     path: Path
-    drafter_state: dict[str, torch.Tensor]
+    drafter_state: dict[str, torch.Tensor] | None
     drafter_config: dict[str, Any]
     optimizer_state: dict[str, Any] | None
     trainer_state: dict[str, Any] | None
+    sharded: bool = False
+
+
+def is_sharded(path: Path) -> bool:
+    return (path / DCP_METADATA).is_file()
+
+
+def read_sharded(path: Path, keys: set[str] | None = None) -> dict[str, Any]:
+    """Full tensors of a sharded checkpoint, in this process alone ({"model": ..., "optim": ...}).
+
+    torch.distributed.checkpoint's own converter (`dcp_to_torch_save`) uses the same two helpers:
+    they rebuild the state dict from the checkpoint's metadata, so no model or config is needed."""
+    state: dict[str, Any] = {}
+    _load_state_dict(state, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(keys=keys),
+                     no_dist=True)
+    return state
 
 
 def load_checkpoint(path: Path, with_training_state: bool = True) -> LoadedCheckpoint:
     path = resolve_checkpoint(path)
     verify_checkpoint(path)
+    sharded = is_sharded(path)
     try:
-        drafter_state = load_file(path / "drafter.safetensors")
         drafter_config = json.loads((path / "drafter_config.json").read_text())
-        optimizer_state = trainer_state = None
+        drafter_state = optimizer_state = trainer_state = None
         if with_training_state:
-            optimizer_state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
             trainer_state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
-    except (OSError, ValueError, RuntimeError, json.JSONDecodeError) as exc:
+            if not sharded:
+                optimizer_state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        if not sharded:
+            drafter_state = load_file(path / "drafter.safetensors")
+        elif not with_training_state:
+            drafter_state = read_sharded(path, {"model"})["model"]
+    except (OSError, ValueError, RuntimeError, json.JSONDecodeError, KeyError) as exc:
         raise UserError(f"checkpoint {path} is unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
-    return LoadedCheckpoint(path, drafter_state, drafter_config, optimizer_state, trainer_state)
+    return LoadedCheckpoint(path, drafter_state, drafter_config, optimizer_state, trainer_state, sharded)

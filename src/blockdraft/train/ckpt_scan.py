@@ -62,7 +62,7 @@ def scan(path: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     from blockdraft.errors import UserError
-    from blockdraft.train.checkpoint import resolve_checkpoint, verify_checkpoint
+    from blockdraft.train.checkpoint import is_sharded, read_sharded, resolve_checkpoint, verify_checkpoint
 
     ckpt = resolve_checkpoint(path)
     damaged = None
@@ -72,10 +72,16 @@ def scan(path: Path) -> dict[str, Any]:
         damaged = str(exc)
     tensors: list[tuple[str, Any]] = []
     try:
-        tensors += _flatten(load_file(ckpt / "drafter.safetensors"), "drafter")
-        optim = ckpt / "optimizer.pt"
-        if optim.is_file():
-            tensors += _flatten(torch.load(optim, map_location="cpu", weights_only=True).get("state", {}), "optimizer")
+        if is_sharded(ckpt):  # written by several ranks: gathered here, in this process alone
+            state = read_sharded(ckpt)
+            tensors += _flatten(state["model"], "drafter")
+            tensors += _flatten(state.get("optim", {}).get("state", {}), "optimizer")
+        else:
+            tensors += _flatten(load_file(ckpt / "drafter.safetensors"), "drafter")
+            optim = ckpt / "optimizer.pt"
+            if optim.is_file():
+                tensors += _flatten(torch.load(optim, map_location="cpu", weights_only=True).get("state", {}),
+                                    "optimizer")
     except (OSError, ValueError, RuntimeError) as exc:
         raise UserError(f"checkpoint {ckpt} is unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
     rows = [tensor_stats(name.removeprefix("drafter."), t) for name, t in tensors]

@@ -1,4 +1,4 @@
-"""`blockdraft train CONFIG.yaml [key=value ...] [--resume]`."""
+"""`blockdraft train CONFIG.yaml [key=value ...] [--resume]`, alone or under `torchrun` (one process per GPU)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from blockdraft.config import load_config
+    from blockdraft.train import distributed
     from blockdraft.train.loop import Trainer
 
     cfg = load_config(args.config, args.overrides)
-    result = Trainer(cfg, resume=args.resume, show_console=not args.no_console).run()
-    print(f"{result.status} at step {result.last_step}: {result.run_dir}")
+    trainer = Trainer(cfg, resume=args.resume, show_console=not args.no_console)
+    result = trainer.run()
+    distributed.shutdown()  # after a clean run only: with a rank gone, it could wait for that rank
+    if trainer.dp.is_main:
+        print(f"{result.status} at step {result.last_step}: {result.run_dir}")
     return 0

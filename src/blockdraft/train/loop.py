@@ -9,8 +9,8 @@ Per optimizer update k (1-based):
 
 from __future__ import annotations
 
-import dataclasses
 import math
+import os
 import platform
 import random
 import signal
@@ -25,27 +25,28 @@ import torch
 
 from blockdraft import __version__
 from blockdraft.config import Config, default_layer_ids, dump_config, total_warmup_steps
-from blockdraft.data import Batch, BatchSampler, Prefetcher, data_record, prepare_dataset
+from blockdraft.data import Batch, BatchSampler, DataReport, Prefetcher, TokenizedDataset, data_record, prepare_dataset
 from blockdraft.doctor.live import LiveDoctor
 from blockdraft.errors import UserError, make_dir
 from blockdraft.evaluate.prompts import heldout_prompts
 from blockdraft.evaluate.runner import evaluate as evaluate_modes
 from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_target
-from blockdraft.model.masks import dense_mask, flex_block_mask
 from blockdraft.model.target import find_mask_token_id, load_target
 from blockdraft.telemetry.console import TrainConsole
 from blockdraft.telemetry.log import SCHEMA, RunLog
-from blockdraft.train.blocks import Blocks, sample_blocks
+from blockdraft.train import distributed
 from blockdraft.train.checkpoint import (
     AsyncCheckpointer,
     LoadedCheckpoint,
+    ShardedCheckpointer,
     Snapshot,
     Stager,
     committed_checkpoints,
     load_checkpoint,
 )
 from blockdraft.train.guard import StepGuard, batch_id
-from blockdraft.train.loss import MicroStats, add_stats, block_loss, denominator, summarize
+from blockdraft.train.hotpath import HotPath
+from blockdraft.train.loss import summarize
 from blockdraft.train.schedule import build_optimizer, lr_at, noise_std_at
 
 
@@ -55,13 +56,6 @@ def pick_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise UserError("train.device=cuda but no CUDA device is visible")
     return torch.device(name)
-
-
-def step_generator(seed: int, step: int, rank: int, micro: int, device: torch.device) -> torch.Generator:
-    """A stateless per-(step, rank, micro-batch) RNG: resuming at step k replays the same anchors/noise."""
-    g = torch.Generator(device=device)
-    g.manual_seed(((seed * 1_000_003 + step) * 1_009 + rank) * 1_013 + micro)
-    return g
 
 
 def live_doctor(console: TrainConsole):
@@ -89,19 +83,19 @@ class RunResult:
 class Trainer:
     def __init__(self, cfg: Config, resume: bool = False, show_console: bool = True) -> None:
         self.cfg = cfg
-        self.device = pick_device(cfg.train.device)
-        self.rank, self.world = 0, 1
+        self.dp, self.device = distributed.init(pick_device(cfg.train.device), cfg.train.dist_timeout_s)
+        self.rank, self.world = self.dp.rank, self.dp.size
         self.run_dir = make_dir(Path(cfg.train.out_dir))
         self.ckpt_root = self.run_dir / "checkpoints"
         self.show_console = show_console
-        self.use_bf16 = cfg.train.precision == "bf16" and self.device.type == "cuda"
         torch.manual_seed(cfg.train.seed)
 
         self._startup_warnings: list[str] = []
+        self._world_note: str | None = None  # set by a resume at another world size
         resume_from = self._newest_readable_checkpoint() if resume else None
         _, tokenizer, hf_cfg = load_target(cfg.target.path, None, self.device)
         self.tokenizer = tokenizer
-        self.dataset, self.data_report = prepare_dataset(cfg.data, tokenizer)
+        self.dataset, self.data_report = self._prepare_data(tokenizer)
 
         d = cfg.drafter
         layer_ids = d.target_layer_ids or default_layer_ids(hf_cfg.num_hidden_layers, d.num_taps)
@@ -111,6 +105,9 @@ class Trainer:
         self.drafter = DFlashDrafter(dcfg).to(self.device)
         if d.init_from_target:
             init_from_target(self.drafter, self.target.decoder_layers, self.target.backbone.norm)
+        self.hot = HotPath(self.target, self.drafter, cfg, self.device)
+        self.hot.module, self.hot.defer_sync = distributed.wrap(self.hot.module, cfg.train.parallel, self.dp,
+                                                                self.device)  # before the optimizer (FSDP2)
         self.sampler = BatchSampler(self.dataset.lengths, cfg.data, seed=cfg.train.seed, rank=self.rank,
                                     world_size=self.world)
         per_epoch = max(1, self.sampler.batches_per_epoch // cfg.train.grad_accum)
@@ -118,18 +115,30 @@ class Trainer:
         self.warmup_steps = total_warmup_steps(cfg.optim, self.total_steps)
         self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim, self.device)
         self.prefetcher = Prefetcher(self.dataset, self.sampler, depth=cfg.data.prefetch_depth,
-                                     pin_memory=self.device.type == "cuda")
+                                     pin_memory=self.device.type == "cuda", prepare=self.hot.prepare)
         self.step = 0
         self.guard = StepGuard(cfg.guard)
         self.skip_list: set[str] = set()
         self._skipped_run: list[str] = []  # batch ids of the current run of consecutive guarded steps
         self.stager = Stager()
-        self.checkpointer = AsyncCheckpointer(self.ckpt_root, cfg.train.keep_last)
+        self.checkpointer = (
+            ShardedCheckpointer(self.ckpt_root, cfg.train.keep_last, self.rank, self.dp.ckpt_group)
+            if self.dp.distributed else AsyncCheckpointer(self.ckpt_root, cfg.train.keep_last)
+        )
         self.resumed_from: int | None = None
         if resume_from is not None:
             self._restore(resume_from)
         self.eval_prompts = heldout_prompts(cfg.eval, tokenizer) if cfg.eval.prompts else []
         self._stop_reason: str | None = None
+
+    def _prepare_data(self, tokenizer: Any) -> tuple[TokenizedDataset, DataReport]:
+        """Rank 0 tokenises and fills the cache while the other ranks wait; then they read it."""
+        if not self.dp.is_main:
+            distributed.barrier()
+        prepared = prepare_dataset(self.cfg.data, tokenizer)
+        if self.dp.is_main:
+            distributed.barrier()
+        return prepared
 
     def _newest_readable_checkpoint(self) -> LoadedCheckpoint | None:
         """The newest committed checkpoint that loads; a damaged one is reported and passed over."""
@@ -145,17 +154,24 @@ class Trainer:
 
     # ---- state -------------------------------------------------------------------------------------
     def _restore(self, ckpt: LoadedCheckpoint) -> None:
-        self.drafter.load_state_dict(ckpt.drafter_state)
-        self.optimizer.load_state_dict(ckpt.optimizer_state)
+        distributed.load_weights(self.drafter, self.optimizer, ckpt)
         state = ckpt.trainer_state
         self.step = int(state["step"])
-        self.prefetcher.load_state_dict(state["data"])
+        saved_world = int(state.get("world_size", 1))
+        self.prefetcher.load_state_dict(self.sampler.carry_over(state["data"], saved_world))
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(tuple(state["rng"]["numpy"]))
         random.setstate(tuple(state["rng"]["python"]))
         if "cuda" in state["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self.skip_list = set(state.get("skip_list", []))
+        if saved_world != self.world:
+            self._world_note = (
+                f"checkpoint written by {saved_world} ranks, resumed on {self.world}: weights, optimizer, step and "
+                f"LR schedule continue exactly; the batch plan is re-made for {self.world} ranks from the same "
+                f"fraction of epoch {state['data']['epoch']}, and the skip list ({len(self.skip_list)} batches of the "
+                f"old plan) is dropped")
+            self.skip_list.clear()
         self.resumed_from = self.step
 
     def snapshot(self) -> Snapshot:
@@ -165,12 +181,16 @@ class Trainer:
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
         trainer_state = {"step": self.step, "data": self.prefetcher.state_dict(), "rng": rng,
-                         "skip_list": sorted(self.skip_list)}
+                         "skip_list": sorted(self.skip_list), "world_size": self.world}
+        if self.dp.distributed:  # live shards: the ShardedCheckpointer stages them itself
+            model, optim = distributed.state_dicts(self.drafter, self.optimizer)
+        else:
+            model, optim = self.stager.stage(self.drafter.state_dict()), self.stager.stage(self.optimizer.state_dict())
         return Snapshot(
             self.step,
-            self.stager.stage(self.drafter.state_dict()),
+            model,
             self.drafter.config.to_dict(),
-            self.stager.stage(self.optimizer.state_dict()),
+            optim,
             trainer_state,
             {"step": self.step, "total_steps": self.total_steps, "skip_list": sorted(self.skip_list),
              "config": self.cfg.model_dump(mode="json")},
@@ -201,63 +221,18 @@ class Trainer:
             log.write("warning", self.step, code="checkpoint_failed", severity="warning", message=message)
             console.note(message, style="red")
 
-    def _to_device(self, batch: Batch) -> Batch:
-        """Pinned host tensors -> device, asynchronously (the copy overlaps the previous step's tail)."""
-        move = {f: getattr(batch, f).to(self.device, non_blocking=True) for f in ("input_ids", "loss_mask", "lengths")}
-        return dataclasses.replace(batch, **move)
-
-    # ---- one update --------------------------------------------------------------------------------
-    def _forward_micro(self, batch: Batch, blocks: Blocks, noise_std: float, gen: torch.Generator) -> MicroStats:
-        cfg, n = self.cfg, batch.input_ids.shape[0]
-        ids = batch.input_ids
-        t = ids.shape[1]
-        need_final = cfg.loss.kl_weight > 0 or cfg.loss.labels == "target"
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16):
-            taps, final = self.target.features(ids, final_hidden=need_final)
-            ctx = self.drafter.fuse(taps)  # [n, T, H]
-            if noise_std > 0:
-                ctx = ctx + noise_std * torch.randn(ctx.shape, generator=gen, device=ctx.device, dtype=ctx.dtype)
-            a, b = blocks.tokens.shape[1:]
-            embeds = self.target.embed_tokens(blocks.tokens.view(n, a * b))  # [n, Q, H]
-            if self.device.type == "cuda":
-                mask = flex_block_mask(blocks.anchors, t, b)
-            else:
-                mask = dense_mask(blocks.anchors, t, b)
-            ctx_pos = torch.arange(t, device=ids.device).expand(n, t)
-            hidden = self.drafter(embeds, blocks.positions.view(n, a * b), ctx, ctx_pos, mask)
-            hidden = hidden.view(n, a, b, -1)[:, :, 1:]  # [n, A, B-1, H]: position 0 has no loss
-            target_hidden = None
-            if need_final:
-                before = blocks.positions[:, :, :-1].clamp(max=t - 1)  # the target predicts x_{p+1} at p
-                target_hidden = torch.gather(
-                    final, 1, before.reshape(n, -1, 1).expand(-1, -1, final.shape[-1])
-                ).view(n, a, b - 1, -1)
-            return block_loss(hidden, self.target.lm_head.weight, blocks.labels, blocks.label_mask,
-                              blocks.valid, cfg.loss, target_hidden)
-
     def train_step(self, micro_batches: list[Batch]) -> dict[str, Any]:
         """One update over the micro-batches, unless the guard refuses it: then weights, Adam moments
         and Adam's step count stay as they were and `self.step` (hence the LR schedule) does not move."""
         cfg, k = self.cfg, self.step + 1
         self.drafter.train()
-        blocks, gens = [], []
-        for i, mb in enumerate(micro_batches):
-            g = step_generator(cfg.train.seed, k, self.rank, i, self.device)
-            blocks.append(sample_blocks(mb.input_ids, mb.loss_mask, mb.lengths, cfg.drafter.block_size,
-                                        cfg.train.num_anchors, self.drafter.mask_token_id, g))
-            gens.append(g)
-        denom = sum(denominator(b.label_mask, cfg.loss) for b in blocks).clamp(min=1e-6)
         lr = lr_at(k, cfg.optim, self.total_steps, self.warmup_steps)
         noise_std = noise_std_at(k, cfg.noise, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        total: MicroStats | None = None
-        for mb, bl, g in zip(micro_batches, blocks, gens, strict=True):
-            stats = self._forward_micro(mb, bl, noise_std, g)
-            (stats.weighted_loss / denom).backward()
-            total = add_stats(total, stats)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.optim.grad_clip)
-        metrics = summarize(total, grad_norm)  # the step's one host sync; the guard decides on these floats
+        vector, grad_norm = self.hot.accumulate(micro_batches, k, self.rank, noise_std)
+        host = torch.cat([grad_norm.detach().float().reshape(1), vector]).cpu().tolist()  # the step's one sync
+        metrics = summarize(host[1:], host[0])  # the guard decides on these floats
         grad_norm = metrics["grad_norm"]
         bucket = max(mb.bucket for mb in micro_batches)
         reason = self.guard.check(bucket, metrics["loss"], grad_norm)
@@ -288,15 +263,23 @@ class Trainer:
         log.write("data", self.step, **data_record(self.data_report, self.sampler))
 
     def evaluate(self) -> dict[str, Any]:
+        """Speculative decoding on the held-out prompts. Every rank runs the same evaluation (no rank
+        waits for another; rank 0 logs it); under FSDP2 with a whole drafter gathered from the shards."""
         ev = self.cfg.eval
-        (path,), _ = evaluate_modes(self.target, self.drafter, self.eval_prompts, ev.max_new_tokens,
+        drafter = self.drafter
+        if self.dp.distributed and self.cfg.train.parallel == "fsdp":
+            drafter = DFlashDrafter(self.drafter.config).to(self.device)
+            drafter.load_state_dict(distributed.full_drafter_state(self.drafter))
+        (path,), _ = evaluate_modes(self.target, drafter, self.eval_prompts, ev.max_new_tokens,
                                     self.tokenizer.eos_token_id, budgets=[])
         return {"tau": path.tau, "tau_hist": path.tau_hist, "prompts": len(self.eval_prompts), "mode": "path",
                 "budget": None, "tokens": path.tokens, "speedup": path.speedup, "lossless": path.lossless}
 
     def _on_signal(self, signum, _frame) -> None:
+        """First SIGINT/SIGTERM: stop after this step and save. Second: leave at once (a save in
+        flight is abandoned in its temp folder; committed checkpoints are never touched)."""
         if self._stop_reason is not None:
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: exited at once")
         self._stop_reason = signal.Signals(signum).name
 
     def _next_micro_batches(self, log: RunLog) -> list[Batch]:
@@ -309,7 +292,7 @@ class Trainer:
                 log.write("skip", self.step + 1, reason="skip_list", batch_ids=[bid], bucket=batch.bucket,
                           loss=None, grad_norm=None)
                 continue
-            micro.append(self._to_device(batch))
+            micro.append(self.hot.to_device(batch))
         return micro
 
     def _guarded(self, log: RunLog, console: TrainConsole, rec: dict[str, Any], micro: list[Batch]) -> None:
@@ -346,13 +329,18 @@ class Trainer:
 
     def run(self) -> RunResult:
         cfg = self.cfg
-        (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+        main = self.dp.is_main  # only rank 0 writes the run folder's files and the console
+        if main:
+            (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         console = TrainConsole(self.total_steps, cfg.train.epochs if not cfg.train.max_steps else 0,
-                               enabled=self.show_console)
-        log = RunLog(self.run_dir / "log.jsonl", watcher=live_doctor(console))
+                               enabled=self.show_console and main)
+        log = RunLog(self.run_dir / "log.jsonl" if main else Path(os.devnull),
+                     watcher=live_doctor(console) if main else None)
         self._record_start(log)
         for message in self._startup_warnings:
             log.write("warning", self.step, code="checkpoint_damaged", severity="warning", message=message)
+        if self._world_note:
+            log.write("warning", self.step, code="world_size_changed", severity="info", message=self._world_note)
         handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         t_start, last_eval, status, reason = time.time(), None, "completed", None
         try:
@@ -363,12 +351,16 @@ class Trainer:
                     data_wait = time.time() - t0
                     rec = self.train_step(micro)
                     step_time = time.time() - t0
-                    tokens = sum(mb.real_tokens for mb in micro)
-                    padded = sum(mb.padded_tokens for mb in micro)
+                    out_of_time = cfg.train.max_minutes and time.time() - t_start > cfg.train.max_minutes * 60
+                    # one all-reduce: the update's counts over all ranks, and whether a rank must stop (a
+                    # signal or the clock seen by one rank stops all of them after the same update)
+                    signalled, timed_out, tokens, padded, samples = distributed.sum_over_ranks(
+                        [self._stop_reason is not None, bool(out_of_time), sum(mb.real_tokens for mb in micro),
+                         sum(mb.padded_tokens for mb in micro), sum(len(mb.sample_ids) for mb in micro)], self.device)
                     last = micro[-1]
                     rec.update(
                         epoch=last.epoch, epoch_progress=last.epoch_progress, progress=self.step / self.total_steps,
-                        samples=sum(len(mb.sample_ids) for mb in micro), tokens=tokens,
+                        samples=samples, tokens=tokens,
                         pad_frac=1.0 - tokens / max(padded, 1), buckets=[mb.bucket for mb in micro],
                         seq_len_max=max(int(mb.input_ids.shape[1]) for mb in micro),
                         step_time=step_time, data_wait=data_wait, queue_depth=self.prefetcher.queue_depth,
@@ -382,10 +374,9 @@ class Trainer:
                         self._guarded(log, console, rec, micro)
                     else:
                         self._skipped_run.clear()
-                    out_of_time = cfg.train.max_minutes and time.time() - t_start > cfg.train.max_minutes * 60
-                    if self._stop_reason or out_of_time:
-                        status = "interrupted" if self._stop_reason else "completed"
-                        reason = self._stop_reason or "max_minutes reached"
+                    if signalled or timed_out:
+                        status = "interrupted" if signalled else "completed"
+                        reason = (self._stop_reason or "signal on another rank") if signalled else "max_minutes reached"
                         break
                     if rec["skipped"]:
                         continue
@@ -401,7 +392,8 @@ class Trainer:
                 self.save(log, console)
                 self.report_saves(log, console, wait=True)
         except BaseException as exc:
-            status, reason = "failed", f"{type(exc).__name__}: {exc}"
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            reason = f"{type(exc).__name__}: {exc}"
             log.write("run_end", self.step, status=status, reason=reason)
             raise
         finally:

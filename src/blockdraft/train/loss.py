@@ -7,17 +7,23 @@ Position k = 1..B-1 of a block predicts x_{a+k}. Per-position weights:
              of the right token at position i: effort goes where it still changes acceptance.
 loss = sum_rows w * (ce + kl_weight * KL) / D, where D is the sum of the static weights (exp_decay,
 uniform; for streak the label count) over ALL micro-batches and ranks of the step, so accumulation
-gives exactly the token-weighted mean. Logits are computed in row chunks under activation
-checkpointing: no [rows x vocab] tensor outlives its chunk.
+gives exactly the token-weighted mean.
+
+The lm_head is fused with the loss (`fused_block_loss`): logits exist one chunk of rows at a time, and
+the gradient with respect to the drafter's hidden states is computed in the same pass, so the
+[rows x vocab] matmul runs twice (logits, input gradient) instead of three times (a checkpointed
+chunk recomputes its logits in backward). This is the fused-linear-cross-entropy idea of liger-kernel
+and cut-cross-entropy, written here because the drafter needs what neither returns: per-row weights,
+the prediction (for acceptance metrics) and the KL to the target's soft labels from one pass.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from blockdraft.config import LossConfig, default_gamma
 
@@ -38,55 +44,112 @@ def streak_weights(p_correct: torch.Tensor, floor: float) -> torch.Tensor:
     return prefix.clamp(min=floor)
 
 
-def _chunk_terms(
+@dataclass
+class RowTerms:
+    """Per-row results of the fused lm_head + loss, all detached."""
+
+    ce: torch.Tensor  # [R] cross-entropy against the label used
+    kl: torch.Tensor  # [R] KL(target || drafter) at kl_temperature, times T^2 (0 when off)
+    pred: torch.Tensor  # [R] the drafter's argmax
+    labels: torch.Tensor  # [R] the label used (data, or the target's argmax)
+
+
+def _ce_terms(
+    logits: torch.Tensor, labels: torch.Tensor, row_weight: torch.Tensor, need_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """logits [r, V] -> ce [r] (fp32 math), argmax [r], and w * d ce / d logits [r, V] in the logits'
+    dtype. Under torch.compile this is two passes over the logits instead of eight eager kernels."""
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1)
+    ce = lse - x.gather(1, labels[:, None]).squeeze(1)
+    pred = x.argmax(dim=-1)
+    if not need_grad:
+        return ce, pred, None
+    onehot = torch.arange(x.shape[1], device=x.device)[None, :] == labels[:, None]
+    grad = (torch.exp(x - lse[:, None]) - onehot.float()) * row_weight[:, None]
+    return ce, pred, grad.to(logits.dtype)
+
+
+@functools.cache
+def _compiled_ce_terms():
+    return torch.compile(_ce_terms, dynamic=True)
+
+
+def _kl_terms(
+    logits: torch.Tensor, t_logits: torch.Tensor, labels: torch.Tensor, row_weight: torch.Tensor,
+    kl_weight: float, temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """With soft labels: ce, kl (times T^2), argmax and w * d(ce + kl_weight * kl) / d logits, in fp32."""
+    x = logits.float()
+    ce, pred, g = _ce_terms(x, labels, torch.ones_like(row_weight), need_grad=True)
+    t_logp = F.log_softmax(t_logits / temperature, dim=-1)
+    d_logp = F.log_softmax(x / temperature, dim=-1)
+    t_p = t_logp.exp()
+    kl = (t_p * (t_logp - d_logp)).sum(-1) * temperature**2
+    g += (d_logp.exp_() - t_p).mul_(temperature * kl_weight)  # d kl / d logits = T (softmax(x/T) - softmax(t/T))
+    return ce, kl, pred, g.mul_(row_weight[:, None])
+
+
+class _FusedLinearLoss(torch.autograd.Function):
+    """sum_r w_r * (ce_r + kl_weight * kl_r) with logits = hidden @ weight.T, chunk by chunk.
+
+    The loss is linear in the per-row terms and w is constant, so d loss / d hidden is known in the
+    forward; backward only scales it by the incoming scalar gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, row_weight, target_hidden, kl_weight, kl_temperature,
+                use_target_labels, chunk):
+        need_grad = hidden.requires_grad
+        grad = torch.empty_like(hidden) if need_grad else None
+        weighted = hidden.new_zeros((), dtype=torch.float32)
+        parts: list[tuple[torch.Tensor, ...]] = []
+        for start in range(0, hidden.shape[0], chunk):
+            sl = slice(start, start + chunk)
+            logits = F.linear(hidden[sl].to(weight.dtype), weight)  # [r, V], the lm_head's dtype
+            y, w = labels[sl], row_weight[sl]
+            if target_hidden is not None:
+                t_logits = F.linear(target_hidden[sl].to(weight.dtype), weight).float()
+                if use_target_labels:
+                    y = t_logits.argmax(dim=-1)
+            if target_hidden is not None and kl_weight > 0:
+                ce, kl, pred, g = _kl_terms(logits, t_logits, y, w, kl_weight, kl_temperature)
+            else:
+                terms = _compiled_ce_terms() if logits.is_cuda else _ce_terms
+                ce, pred, g = terms(logits, y, w, need_grad)
+                kl = torch.zeros_like(ce)
+            weighted = weighted + (w * (ce + kl_weight * kl)).sum()
+            if need_grad:
+                grad[sl] = (g.to(weight.dtype) @ weight).to(grad.dtype)  # [r, H]
+            parts.append((ce, kl, pred, y))
+        if need_grad:
+            ctx.save_for_backward(grad)
+        ce, kl, pred, used = (torch.cat(p) for p in zip(*parts, strict=True)) if parts else (
+            hidden.new_zeros(0, dtype=torch.float32), hidden.new_zeros(0, dtype=torch.float32), labels, labels)
+        ctx.mark_non_differentiable(ce, kl, pred, used)
+        return weighted, ce, kl, pred, used
+
+    @staticmethod
+    def backward(ctx, grad_weighted, *_unused):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_weighted.to(grad.dtype), None, None, None, None, None, None, None, None
+
+
+def fused_linear_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     labels: torch.Tensor,
-    target_hidden: torch.Tensor | None,
-    use_target_labels: bool,
-    kl_temperature: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One chunk of rows: hidden [r, H] -> (ce [r], kl [r], prediction [r], label used [r])."""
-    logits = F.linear(hidden, weight).float()  # [r, V]
-    kl = logits.new_zeros(logits.shape[0])
-    if target_hidden is not None:
-        with torch.no_grad():
-            t_logits = F.linear(target_hidden, weight).float()
-        if use_target_labels:
-            labels = t_logits.argmax(dim=-1)
-        if kl_temperature > 0:
-            t_logp = F.log_softmax(t_logits / kl_temperature, dim=-1)
-            d_logp = F.log_softmax(logits / kl_temperature, dim=-1)
-            kl = (t_logp.exp() * (t_logp - d_logp)).sum(-1) * kl_temperature**2
-    ce = F.cross_entropy(logits, labels, reduction="none")
-    return ce, kl, logits.detach().argmax(dim=-1), labels
-
-
-def chunked_terms(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    labels: torch.Tensor,
-    target_hidden: torch.Tensor | None,
-    use_target_labels: bool,
-    kl_temperature: float,
-    chunk: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Same as `_chunk_terms` over all rows, `chunk` rows at a time. With more than one chunk, each
-    chunk's logits are recomputed in backward instead of kept (one chunk is kept: nothing to save)."""
-    outs = []
-    recompute = torch.is_grad_enabled() and hidden.requires_grad and hidden.shape[0] > chunk
-    for start in range(0, hidden.shape[0], chunk):
-        sl = slice(start, start + chunk)
-        th = target_hidden[sl] if target_hidden is not None else None
-        args = (hidden[sl], weight, labels[sl], th, use_target_labels, kl_temperature)
-        if recompute:
-            outs.append(checkpoint(_chunk_terms, *args, use_reentrant=False))
-        else:
-            outs.append(_chunk_terms(*args))
-    if not outs:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, empty, labels, labels
-    return tuple(torch.cat(parts) for parts in zip(*outs, strict=True))
+    row_weight: torch.Tensor,
+    cfg: LossConfig,
+    target_hidden: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, RowTerms]:
+    """hidden: [R, H] drafter states at labelled rows; weight: [V, H] the frozen lm_head; labels,
+    row_weight: [R]; target_hidden: [R, H] the target's final state before each label (for KL or
+    target labels). Returns (sum_r w_r (ce_r + kl_weight kl_r), differentiable in hidden; RowTerms)."""
+    weighted, ce, kl, pred, used = _FusedLinearLoss.apply(
+        hidden, weight, labels, row_weight.float(), target_hidden, cfg.kl_weight, cfg.kl_temperature,
+        cfg.labels == "target", cfg.logits_chunk)
+    return weighted, RowTerms(ce, kl, pred, used)
 
 
 @dataclass
@@ -98,8 +161,8 @@ class MicroStats:
     kl_sum: torch.Tensor
     correct: torch.Tensor  # [B-1] correct predictions per position
     counted: torch.Tensor  # [B-1] labels per position
-    streak_sum: torch.Tensor  # sum over valid blocks of leading-correct counts
-    blocks: torch.Tensor  # valid blocks
+    streak_sum: torch.Tensor  # sum over blocks of leading-correct counts
+    blocks: torch.Tensor  # blocks with at least one label
 
 
 def block_loss(
@@ -107,40 +170,37 @@ def block_loss(
     lm_weight: torch.Tensor,
     labels: torch.Tensor,
     label_mask: torch.Tensor,
-    valid_blocks: torch.Tensor,
     cfg: LossConfig,
     target_hidden: torch.Tensor | None = None,
 ) -> MicroStats:
-    """draft_hidden: [n, A, B-1, H] drafter outputs at block positions 1..B-1; labels, label_mask:
-    [n, A, B-1]; valid_blocks: [n, A]; target_hidden: [n, A, B-1, H] the target's final hidden state
-    at the position BEFORE each label (its distribution for that label), when kl/target labels are on."""
+    """draft_hidden: [V, B-1, H] drafter outputs at block positions 1..B-1; labels, label_mask:
+    [V, B-1]; target_hidden: [V, B-1, H] the target's final hidden state at the position BEFORE each
+    label (its distribution for that label), when kl/target labels are on."""
     block_size = labels.shape[-1] + 1
     rows = label_mask  # only real labels reach the lm_head
     h = draft_hidden[rows]  # [R, H]
     th = target_hidden[rows] if target_hidden is not None else None
-    ce, kl, pred, used_labels = chunked_terms(
-        h, lm_weight, labels[rows], th, cfg.labels == "target", cfg.kl_temperature, cfg.logits_chunk
-    )
-    static_w = static_position_weights(cfg, block_size, h.device).expand_as(labels)[rows]
     if cfg.weighting == "streak":
+        with torch.no_grad():  # the weights come from the drafter's own current predictions
+            _, first = fused_linear_loss(h.detach(), lm_weight, labels[rows], h.new_ones(h.shape[0]), cfg, th)
         p_grid = torch.zeros(labels.shape, device=h.device)
-        p_grid[rows] = torch.exp(-ce.detach())
+        p_grid[rows] = torch.exp(-first.ce)
         w = streak_weights(p_grid, cfg.streak_floor)[rows]
     else:
-        w = static_w
-    per_row = ce + cfg.kl_weight * kl if cfg.kl_weight > 0 else ce
+        w = static_position_weights(cfg, block_size, h.device).expand_as(labels)[rows]
+    weighted, terms = fused_linear_loss(h, lm_weight, labels[rows], w, cfg, th)
 
     correct_grid = torch.zeros(labels.shape, dtype=torch.bool, device=h.device)
-    correct_grid[rows] = pred == used_labels
-    streak = torch.cumprod(correct_grid.to(torch.int32), dim=-1).sum(-1)  # [n, A]
+    correct_grid[rows] = terms.pred == terms.labels
+    streak = torch.cumprod(correct_grid.to(torch.int32), dim=-1).sum(-1)  # [V]
     return MicroStats(
-        weighted_loss=(w * per_row).sum(),
+        weighted_loss=weighted,
         weight_sum=w.sum().detach(),
-        kl_sum=(w * kl).sum().detach(),
-        correct=correct_grid.sum(dim=(0, 1)).float(),
-        counted=rows.sum(dim=(0, 1)).float(),
-        streak_sum=(streak * valid_blocks).sum().float(),
-        blocks=valid_blocks.sum().float(),
+        kl_sum=(w * terms.kl).sum(),
+        correct=correct_grid.sum(dim=0).float(),
+        counted=rows.sum(dim=0).float(),
+        streak_sum=streak.sum().float(),
+        blocks=label_mask.any(dim=-1).sum().float(),
     )
 
 
@@ -150,14 +210,18 @@ def denominator(label_mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
     return (label_mask.float() * w).sum()
 
 
-def summarize(total: MicroStats, grad_norm: torch.Tensor) -> dict[str, float | list[float]]:
-    """Host-side metrics of a whole step: every number crosses to the host in ONE transfer."""
-    k = total.correct.numel()
-    scalars = torch.stack([total.weighted_loss, total.weight_sum, total.kl_sum, total.streak_sum, total.blocks,
-                           grad_norm.to(total.blocks.dtype)])
-    host = torch.cat([scalars.float(), total.correct.float(), total.counted.float()]).cpu().tolist()
-    loss_sum, wsum, kl_sum, streak_sum, blocks, grad = host[:6]
-    correct, counted = host[6 : 6 + k], host[6 + k :]
+def stats_vector(total: MicroStats) -> torch.Tensor:
+    """A step's sums as one fp32 vector: the unit of the cross-rank sum and of the host transfer."""
+    scalars = torch.stack([total.weighted_loss.detach(), total.weight_sum, total.kl_sum, total.streak_sum,
+                           total.blocks])
+    return torch.cat([scalars.float(), total.correct.float(), total.counted.float()])
+
+
+def summarize(vector: list[float], grad_norm: float) -> dict[str, float | list[float]]:
+    """Host-side metrics of a whole step from `stats_vector` (summed over micro-batches and ranks)."""
+    k = (len(vector) - 5) // 2
+    loss_sum, wsum, kl_sum, streak_sum, blocks = vector[:5]
+    correct, counted = vector[5 : 5 + k], vector[5 + k :]
     wsum = max(wsum, 1e-12)
     streak = streak_sum / max(blocks, 1.0)
     return {
@@ -169,7 +233,7 @@ def summarize(total: MicroStats, grad_norm: torch.Tensor) -> dict[str, float | l
         "tau_est": 1.0 + streak,
         "loss_tokens": int(sum(counted)),
         "anchors": int(blocks),
-        "grad_norm": grad,
+        "grad_norm": grad_norm,
     }
 
 

@@ -1,0 +1,336 @@
+"""`blockdraft bench [--target-shape qwen3-8b | --target DIR] [--lengths full,mix] [key=value ...]`.
+
+Runs the training hot path (the same `HotPath`, sampler and prefetcher as `blockdraft train`) on a
+target with random weights and synthetic batches, and reports tokens/s in real (unpadded) tokens,
+step time, MFU split into target forward and drafter, peak memory, data-wait share, checkpoint stall,
+and the loss of the fast path against the plain path on the same batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from blockdraft.bench.flops import Dims, DraftWork, drafter_flops, target_flops
+from blockdraft.bench.shapes import SHAPES, target_config
+from blockdraft.bench.synthetic import SyntheticDataset
+from blockdraft.config import Config, build_config, default_layer_ids
+from blockdraft.errors import UserError
+
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense bf16, no sparsity
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target-shape", default="qwen3-8b", help=f"one of {', '.join(SHAPES)}")
+    p.add_argument("--target", default=None, help="a local model folder: its config (random weights)")
+    p.add_argument("--lengths", default="full,mix", help="length profiles: full (all seq-len), mix (chat-like)")
+    p.add_argument("--seq-len", type=int, default=3072)
+    p.add_argument("--micro-batch", type=int, default=2, help="token budget = micro-batch x seq-len per micro-batch")
+    p.add_argument("--steps", type=int, default=20, help="measured updates per profile")
+    p.add_argument("--warmup", type=int, default=6, help="updates before measuring (compilation happens here)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--peak-tflops", type=float, default=None, help="for MFU; default from the GPU name")
+    p.add_argument("--no-check", action="store_true", help="skip the fast-vs-plain loss check")
+    p.add_argument("--profile", default=None, help="write a torch profiler table and trace of 2 steps here")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. drafter.num_layers=3")
+
+
+def bench_config(args: argparse.Namespace) -> Config:
+    raw = {
+        "target": {"path": args.target or f"<random {args.target_shape}>"},
+        "data": {"max_len": args.seq_len, "tokens_per_batch": args.micro_batch * args.seq_len},
+        "train": {"device": args.device},
+    }
+    return build_config(raw, args.overrides)
+
+
+def _peak(device: torch.device, given: float | None) -> float | None:
+    if given is not None or device.type != "cuda":
+        return given
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+
+
+def matmul_tflops(device: torch.device, n: int = 8192, reps: int = 20) -> float | None:
+    """The measured bf16 matmul ceiling of this GPU, printed beside the nominal peak."""
+    if device.type != "cuda":
+        return None
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
+
+
+def build_models(cfg: Config, hf_cfg, device: torch.device):
+    """Random-weight target (bf16 on GPU) and a drafter per the config; returns (target, drafter)."""
+    from transformers import AutoModelForCausalLM
+
+    from blockdraft.model.drafter import DFlashDrafter, drafter_config
+    from blockdraft.model.target import Target
+
+    d = cfg.drafter
+    layer_ids = d.target_layer_ids or default_layer_ids(hf_cfg.num_hidden_layers, d.num_taps)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype, attn_implementation="sdpa")
+    model.requires_grad_(False).eval()
+    target = Target(model, layer_ids)
+    mask_id = d.mask_token_id if d.mask_token_id is not None else hf_cfg.vocab_size - 1
+    dcfg = drafter_config(hf_cfg, d.num_layers, d.block_size, layer_ids, mask_id, d.intermediate_size)
+    return target, DFlashDrafter(dcfg).to(device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def draft_work(packed, num_anchors: int) -> DraftWork:
+    """The drafter's work in one (host-side) pass; the context each block sees is taken at its
+    expectation, the mean candidate position of its sequence (anchors are uniform over them)."""
+    n = int(packed.doc.max()) + 1
+    cand = packed.candidates.double()
+    counts = torch.zeros(n, dtype=torch.float64).index_add_(0, packed.doc, cand)
+    pos_sum = torch.zeros(n, dtype=torch.float64).index_add_(0, packed.doc, cand * packed.pos.double())
+    blocks = counts.clamp(max=num_anchors)
+    seen = float((blocks * pos_sum / counts.clamp(min=1)).sum())
+    return DraftWork(int(packed.input_ids.shape[0]), int(blocks.sum()), seen, 0)
+
+
+def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: float | None) -> dict[str, Any]:
+    from blockdraft.data import BatchSampler, Prefetcher
+
+    device = hot.device
+    count = max(4096, (args.steps + args.warmup + 2) * args.micro_batch * cfg.train.grad_accum * 4)
+    dataset = SyntheticDataset(profile, args.seq_len, hf_cfg.vocab_size, count)
+    sampler = BatchSampler(dataset.lengths, cfg.data, seed=cfg.train.seed)
+
+    t_dims, d_dims = Dims.of(hf_cfg), Dims.of(hot.drafter.config)
+    taps, layers_run = len(hot.drafter.target_layer_ids), hot.target.layer_ids[-1] + 1
+    rows: list[dict[str, float]] = []
+    kept: list = []
+    with Prefetcher(dataset, sampler, depth=cfg.data.prefetch_depth, pin_memory=device.type == "cuda",
+                    prepare=hot.prepare) as prefetcher:
+        for k in range(1, args.warmup + args.steps + 1):
+            if k == args.warmup + 1 and device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            _sync(device)
+            t0 = time.perf_counter()
+            micro = [prefetcher.next() for _ in range(cfg.train.grad_accum)]
+            wait = time.perf_counter() - t0
+            work = [draft_work(p.packed, cfg.train.num_anchors) for mb in micro for p in mb.passes]
+            lengths = [int(n) for mb in micro for n in mb.lengths.tolist()]
+            padded = sum(mb.padded_tokens for mb in micro)
+            micro = [hot.to_device(mb) for mb in micro]
+            vector, grad_norm = hot.accumulate(micro, k, 0, 0.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            host = vector.cpu().tolist()  # the step's sync, as in training
+            step_time = time.perf_counter() - t0
+            if k <= args.warmup:
+                continue
+            labels = int(sum(host[5 + (len(host) - 5) // 2:]))
+            fl_t = target_flops(lengths, t_dims, layers_run)
+            fl_d = sum(drafter_flops(DraftWork(w.context_tokens, w.blocks, w.context_seen, 0), d_dims,
+                                     hot.drafter.config.num_hidden_layers, taps, hot.drafter.block_size,
+                                     hf_cfg.vocab_size) for w in work)
+            fl_d += 2 * 2 * labels * d_dims.hidden * hf_cfg.vocab_size  # lm_head: forward + input gradient
+            rows.append({"step_time": step_time, "wait": wait, "tokens": sum(lengths), "padded": padded,
+                         "passes": len(work),
+                         "flops_target": fl_t, "flops_drafter": fl_d, "loss": host[0] / max(host[1], 1e-12)})
+            if len(kept) < 4:
+                kept.append(micro)
+        mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+        target_time = time_target(hot, kept)
+    result = summarize_rows(rows, target_time, peak)
+    result.update(profile=profile, peak_mem_gb=mem, micro_batches_per_step=cfg.train.grad_accum,
+                  passes_per_step=statistics.mean(r["passes"] for r in rows))
+    if args.profile:
+        write_profile(hot, kept[0], args.profile, profile)
+    if not args.no_check:
+        result["check"] = check_fast_against_plain(hot, cfg, dataset)
+    return result
+
+
+def time_target(hot, kept: list) -> float:
+    """Median seconds of the target forward alone over one step's micro-batches."""
+    times = []
+    for micro in kept:
+        _sync(hot.device)
+        t0 = time.perf_counter()
+        with torch.autocast(hot.device.type, dtype=torch.bfloat16, enabled=hot.use_bf16):
+            for mb in micro:
+                for part in mb.passes:
+                    hot.target.features(part.input_ids)
+        _sync(hot.device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) if times else 0.0
+
+
+def summarize_rows(rows: list[dict[str, float]], target_time: float, peak: float | None) -> dict:
+    step = statistics.median(r["step_time"] for r in rows)
+    tokens = statistics.median(r["tokens"] for r in rows)
+    wall = sum(r["step_time"] for r in rows)
+    fl_t = statistics.median(r["flops_target"] for r in rows)
+    fl_d = statistics.median(r["flops_drafter"] for r in rows)
+    tflops = (fl_t + fl_d) / step / 1e12
+    out = {
+        "steps": len(rows),
+        "tokens_per_s": tokens / step,
+        "tokens_per_s_wall": sum(r["tokens"] for r in rows) / wall,
+        "slow_steps": sum(r["step_time"] > 2 * step for r in rows),
+        "step_time_s": step,
+        "tokens_per_step": tokens,
+        "pad_frac": 1 - sum(r["tokens"] for r in rows) / sum(r["padded"] for r in rows),
+        "tflops": tflops,
+        "target_time_share": target_time / step,
+        "data_wait_share": sum(r["wait"] for r in rows) / wall,
+        "loss_first_last": [rows[0]["loss"], rows[-1]["loss"]],
+        "mfu": None, "mfu_target": None, "mfu_drafter": None,
+    }
+    if peak:
+        out["mfu"] = tflops / peak
+        out["mfu_target"] = fl_t / max(target_time, 1e-9) / 1e12 / peak
+        out["mfu_drafter"] = fl_d / max(step - target_time, 1e-9) / 1e12 / peak
+    return out
+
+
+def check_fast_against_plain(hot, cfg: Config, dataset: SyntheticDataset) -> dict[str, Any]:
+    """One small update (a 1,024-token sequence, 64 anchors) through the fast path and the plain path
+    (fp32 drafter, dense SDPA mask, eager): losses and gradient norms must agree to bf16 tolerance.
+    Small, because the plain path's dense attention materialises its scores."""
+    from blockdraft.data.prefetch import Batch
+    from blockdraft.train.hotpath import HotPath
+
+    small = cfg.model_copy(update={"train": cfg.train.model_copy(update={"num_anchors": 64})})
+    ids, mask = dataset.sample(0)
+    ids, mask = torch.from_numpy(ids[:1024])[None], torch.from_numpy(mask[:1024])[None]
+    width = ids.shape[1]
+    results = []
+    for path in (HotPath(hot.target, hot.drafter, small, hot.device),
+                 HotPath(hot.target, hot.drafter, small, hot.device, fast=False)):
+        batch = Batch(ids, mask, torch.tensor([width]), [0], 0, 0, 0, 0.0, width, width)
+        vector, norm = path.accumulate([path.to_device(path.prepare(batch))], 1, 0, 0.0)
+        host = vector.cpu().tolist()
+        results.append((host[0] / max(host[1], 1e-12), float(norm)))
+        hot.drafter.zero_grad(set_to_none=True)
+    (loss_f, norm_f), (loss_p, norm_p) = results
+    loss_rel = abs(loss_f - loss_p) / max(abs(loss_p), 1e-12)
+    norm_rel = abs(norm_f - norm_p) / max(abs(norm_p), 1e-12)
+    return {"ok": loss_rel < 1e-2 and norm_rel < 5e-2, "loss_fast": loss_f, "loss_plain": loss_p,
+            "loss_rel_diff": loss_rel, "grad_norm_rel_diff": norm_rel}
+
+
+def write_profile(hot, micro: list, out_dir: str, profile: str) -> None:
+    """Two updates under the torch profiler: a table of the top CUDA kernels and a Chrome trace."""
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if hot.device.type == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        for k in range(2):
+            hot.accumulate(micro, 1000 + k, 0, 0.0)
+            hot.drafter.zero_grad(set_to_none=True)
+        _sync(hot.device)
+    sort = "cuda_time_total" if hot.device.type == "cuda" else "cpu_time_total"
+    (out / f"{profile}-ops.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
+    prof.export_chrome_trace(str(out / f"{profile}-trace.json"))
+
+
+def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """What a save holds the loop for: staging the drafter and AdamW state into pinned host memory
+    (the write itself runs in the background). First save allocates the buffers; later ones reuse them."""
+    from blockdraft.train.checkpoint import Stager
+
+    stager, times = Stager(), []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        stager.stage({"model": hot.drafter.state_dict(), "optim": optimizer.state_dict()})
+        times.append(time.perf_counter() - t0)
+    return {"first_s": times[0], "steady_s": times[1]}
+
+
+def render(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    env = report["env"]
+    console.print(f"[bold]blockdraft bench[/] {env['target']} on {env['device_name']}: drafter {env['drafter']}, "
+                  f"torch {env['torch']}; nominal peak {env['peak_tflops'] or '-'} TFLOP/s, "
+                  f"measured bf16 matmul {_fmt(env['matmul_tflops'], '.0f')} TFLOP/s")
+    table = Table(caption="medians over the measured steps; slow steps (over 2x the median: recompiles) are counted "
+                          "in tokens_per_s_wall of --json")
+    for col in ("lengths", "tokens/s (real)", "slow steps", "step s", "tokens/step", "pad", "TFLOP/s", "MFU",
+                "MFU target", "MFU drafter", "target share", "data wait", "peak GB", "fast vs plain"):
+        table.add_column(col, justify="right")
+    for r in report["profiles"]:
+        check = r.get("check") or {}
+        verdict = "-" if not check else ("ok" if check.get("ok") else "FAIL" if check.get("ok") is False else "n/a")
+        if "loss_rel_diff" in check:
+            verdict += f" ({check['loss_rel_diff']:.1e})"
+        table.add_row(r["profile"], f"{r['tokens_per_s']:,.0f}", str(r["slow_steps"]), f"{r['step_time_s']:.3f}",
+                      f"{r['tokens_per_step']:,.0f}", f"{r['pad_frac']:.1%}", f"{r['tflops']:.0f}",
+                      _fmt(r["mfu"], ".1%"), _fmt(r["mfu_target"], ".1%"), _fmt(r["mfu_drafter"], ".1%"),
+                      f"{r['target_time_share']:.0%}", f"{r['data_wait_share']:.1%}", _fmt(r["peak_mem_gb"], ".1f"),
+                      verdict)
+    console.print(table)
+    stall = report["checkpoint_stall"]
+    console.print(f"checkpoint stall (staging drafter + AdamW state): first {stall['first_s']:.2f}s, "
+                  f"then {stall['steady_s']:.2f}s")
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def run(args: argparse.Namespace) -> int:
+    from blockdraft.train.hotpath import HotPath
+    from blockdraft.train.loop import pick_device
+    from blockdraft.train.schedule import build_optimizer
+
+    profiles = [p.strip() for p in args.lengths.split(",") if p.strip()]
+    if not profiles or any(p not in ("full", "mix") for p in profiles):
+        raise UserError(f"--lengths takes full and/or mix, not {args.lengths!r}")
+    if args.steps < 1 or args.warmup < 0 or args.micro_batch < 1:
+        raise UserError("--steps and --micro-batch must be at least 1, --warmup at least 0")
+    cfg = bench_config(args)
+    device = pick_device(cfg.train.device)
+    hf_cfg = target_config(args.target_shape, args.target)
+    torch.manual_seed(cfg.train.seed)
+    target, drafter = build_models(cfg, hf_cfg, device)
+    hot = HotPath(target, drafter, cfg, device)
+    peak = _peak(device, args.peak_tflops)
+    env = {
+        "target": args.target or args.target_shape,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "drafter": f"{cfg.drafter.num_layers} layers, B={cfg.drafter.block_size}, taps {drafter.target_layer_ids}, "
+                   f"{cfg.train.num_anchors} anchors",
+        "seq_len": args.seq_len, "micro_batch": args.micro_batch, "torch": torch.__version__,
+        "peak_tflops": peak, "matmul_tflops": matmul_tflops(device), "fast_path": hot.attention == "flex",
+        "compile": hot.compile, "bf16": hot.use_bf16, "date": time.strftime("%Y-%m-%d"),
+    }
+    optimizer = build_optimizer(drafter.parameters(), cfg.optim, device)
+    report = {"env": env, "profiles": [run_profile(hot, optimizer, cfg, p, args, hf_cfg, peak) for p in profiles],
+              "checkpoint_stall": checkpoint_stall(hot, optimizer)}
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        render(report)
+    return 0

@@ -1,0 +1,170 @@
+"""Data parallelism under torchrun: joining the job, wrapping the drafter's training forward (DDP
+or FSDP2), moving weights between world sizes, and the few collectives the loop itself needs.
+
+Why these choices:
+- One process per GPU, launched by `torchrun` (its env vars say rank, world size, local rank):
+  NCCL on CUDA (device = LOCAL_RANK), gloo on CPU, so the same code runs in CI on a laptop.
+- Only the drafter is data-parallel. The frozen target has no gradients and no optimizer state, so
+  every rank keeps a full copy (bf16: 16 GB for an 8B target): sharding it with FSDP2 would add an
+  all-gather per target layer per micro-batch to save memory that a drafter run does not need on
+  80-141 GB GPUs. A target too big for one GPU needs tensor-parallel inference: not built yet.
+- DDP by default (the drafter is small: replicated weights and AdamW state fit, and one
+  all-reduce per update is the cheapest sync); FSDP2 (`train.parallel=fsdp`) shards the drafter's
+  weights, gradients and AdamW state (16 bytes per parameter) when those crowd the GPU.
+- Gradients are reduced once per update: every micro-batch but the last runs under `defer_sync`.
+- A rank that dies: torchrun sees its exit and stops the others at once (the job exits non-zero,
+  naming the rank and its signal); a rank that hangs is bounded by `train.dist_timeout_s`, after
+  which every collective waiting for it fails with a timeout error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+from blockdraft.train.checkpoint import LoadedCheckpoint
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job; `ckpt_group` is the gloo group that checkpoint writes use."""
+
+    rank: int = 0
+    size: int = 1
+    ckpt_group: Any = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+def init(device: torch.device, timeout_s: float) -> tuple[World, torch.device]:
+    """Join the torchrun job, if launched by one (or use the group a caller already made).
+
+    Returns the world and this rank's device (cuda:LOCAL_RANK under NCCL)."""
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            return World(), device
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if device.type == "cuda":
+            device = torch.device("cuda", local)
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size == 1:
+        return World(), device
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    return World(rank, size, group), device
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap(module: nn.Module, mode: str, world: World, device: torch.device
+         ) -> tuple[nn.Module, Callable[[], AbstractContextManager]]:
+    """(the module to call in the training forward, the context that defers the gradient sync).
+
+    FSDP2 shards the drafter as one unit: its layers' context K/V (KV injection) are computed
+    outside each layer's forward, where a per-layer group would not be gathered yet. The drafter
+    is small next to the target, so gathering it whole per forward costs little; what sharding
+    saves is the gradients and the AdamW state. The optimizer must be built after this: FSDP2
+    swaps the parameters for sharded DTensors in place."""
+    if not world.distributed:
+        return module, contextlib.nullcontext
+    if mode == "ddp":
+        ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+                                      forward_sync_buffers=False)  # buffers are constants (RoPE)
+        return ddp, ddp.no_sync
+    fully_shard(module)
+    return module, lambda: _fsdp_no_sync(module)
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(module: FSDPModule) -> Iterator[None]:
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
+
+
+def sum_over_ranks(values: list[int | bool], device: torch.device) -> list[int]:
+    """Each value summed over the ranks (one small all-reduce), on every rank."""
+    if not dist.is_initialized():
+        return [int(v) for v in values]
+    t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def state_dicts(drafter: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This rank's (sharded under FSDP2) drafter and AdamW state, keyed by parameter name: what the
+    sharded checkpoint stores; dcp.async_save stages it."""
+    return get_model_state_dict(drafter), get_optimizer_state_dict(drafter, optimizer)
+
+
+def full_drafter_state(drafter: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole drafter on every rank, on its device (a collective under FSDP2; with cpu_offload,
+    torch would give it to rank 0 alone)."""
+    return get_model_state_dict(drafter, options=StateDictOptions(full_state_dict=True))
+
+
+def load_weights(drafter: nn.Module, optimizer: torch.optim.Optimizer, ckpt: LoadedCheckpoint) -> None:
+    """Put a checkpoint's drafter and AdamW state into this run, whatever world size wrote it.
+
+    A sharded checkpoint is read with dcp.load into this run's own layout (each rank reads the
+    slices it holds); a single-process one is loaded whole on every rank and sharded if needed."""
+    if ckpt.sharded:
+        state = {"model": get_model_state_dict(drafter), "optim": get_optimizer_state_dict(drafter, optimizer)}
+        with warnings.catch_warnings():  # dcp warns that one process reads alone: here, that is the intent
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(state, checkpoint_id=ckpt.path, no_dist=not dist.is_initialized())
+        set_model_state_dict(drafter, state["model"])
+        set_optimizer_state_dict(drafter, optimizer, state["optim"])
+    elif not dist.is_initialized():
+        drafter.load_state_dict(ckpt.drafter_state)
+        optimizer.load_state_dict(ckpt.optimizer_state)
+    else:
+        full = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(drafter, ckpt.drafter_state, options=full)
+        set_optimizer_state_dict(drafter, optimizer, _by_name(ckpt.optimizer_state, drafter), options=full)
+
+
+def _by_name(optimizer_state: dict[str, Any], drafter: nn.Module) -> dict[str, Any]:
+    """torch's optimizer state (parameters numbered in `drafter.parameters()` order, as the optimizer
+    was built) -> the same state keyed by parameter name, as the distributed loaders want it."""
+    names = [name for name, _ in drafter.named_parameters()]
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in optimizer_state["param_groups"]]
+    return {"state": {names[i]: v for i, v in optimizer_state["state"].items()}, "param_groups": groups}

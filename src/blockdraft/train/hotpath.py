@@ -1,0 +1,203 @@
+"""The per-update compute, shared by the training loop and `blockdraft bench`: forward and backward
+over one update's micro-batches, and nothing else (no logging, no guard, no optimizer step).
+
+Per micro-batch, all on the device and without a host synchronisation:
+  target taps on the right-padded [n, T] batch (causal SDPA: no real token attends to padding, and
+  the length buckets keep the padding small; the forward stops after the last tapped layer)
+  -> the L real tokens packed end to end -> drafter (fusion, noise, V*B block queries, one flex
+  BlockMask shared by all layers) -> fused lm_head + weighted loss / D -> backward.
+Packing happens on the host in the prefetch thread (`prepare`), where the block count is known; a
+micro-batch whose sequences hold more than `train.max_blocks_per_pass` blocks is split into several
+passes (short sequences bring up to num_anchors blocks each, so the token budget does not bound memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from blockdraft.config import Config
+from blockdraft.data import Batch
+from blockdraft.model.drafter import DFlashDrafter
+from blockdraft.model.masks import dense_mask, flex_block_mask
+from blockdraft.model.target import Target
+from blockdraft.train.blocks import Blocks, Packed, pack, row_blocks, sample_blocks, split_rows
+from blockdraft.train.loss import MicroStats, add_stats, block_loss, denominator, stats_vector
+
+
+def step_generator(seed: int, step: int, rank: int, micro: int, device: torch.device) -> torch.Generator:
+    """A stateless per-(step, rank, micro-batch) RNG: resuming at step k replays the same anchors/noise."""
+    g = torch.Generator(device=device)
+    g.manual_seed(((seed * 1_000_003 + step) * 1_009 + rank) * 1_013 + micro)
+    return g
+
+
+@dataclass
+class Pass:
+    """One forward/backward of the drafter: some rows of a micro-batch."""
+
+    input_ids: torch.Tensor  # [n, T] right-padded, for the target
+    packed: Packed
+
+
+class DraftForward(nn.Module):
+    """The drafter's training forward as one module call (fusion, noise, layers), so that DDP and
+    FSDP2 wrap a single forward."""
+
+    def __init__(self, drafter: DFlashDrafter) -> None:
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(
+        self,
+        taps: torch.Tensor,
+        noise: torch.Tensor | None,
+        block_embeds: torch.Tensor,
+        block_positions: torch.Tensor,
+        ctx_positions: torch.Tensor,
+        mask: torch.Tensor | object,
+    ) -> torch.Tensor:
+        """taps: [1, L, N*H]; noise: [1, L, H] or None; block_embeds: [1, V*B, H]; block_positions:
+        [1, V*B]; ctx_positions: [1, L]. Returns the drafter's final hidden states [1, V*B, H]."""
+        if not torch.is_autocast_enabled(taps.device.type):  # the plain path: a bf16 target, an fp32 drafter
+            dtype = self.drafter.fc.weight.dtype
+            taps, block_embeds = taps.to(dtype), block_embeds.to(dtype)
+        ctx = self.drafter.fuse(taps)  # [1, L, H]
+        if noise is not None:
+            ctx = ctx + noise.to(ctx.dtype)
+        return self.drafter(block_embeds, block_positions, ctx, ctx_positions, mask)
+
+
+class HotPath:
+    """Holds the frozen target, the drafter and the choices of the fast path for one device.
+
+    Distributed: when torch.distributed is initialised, D and the step's stats are summed over
+    ranks, and the loss is scaled by the world size because DDP and FSDP2 average gradients. The
+    trainer may wrap `module` (DDP, fully_shard) and set `defer_sync` to the wrapper's context that
+    skips the gradient reduction for all but the last micro-batch of an update.
+    """
+
+    def __init__(
+        self,
+        target: Target,
+        drafter: DFlashDrafter,
+        cfg: Config,
+        device: torch.device,
+        fast: bool | None = None,
+    ) -> None:
+        """fast (default: on CUDA) = bf16 autocast, flex attention, torch.compile per `train.compile`;
+        fast=False is the plain path (fp32, dense SDPA mask, eager): the reference the bench checks against."""
+        self.target = target
+        self.drafter = drafter
+        self.cfg = cfg
+        self.device = device
+        fast = device.type == "cuda" if fast is None else fast
+        self.use_bf16 = fast and cfg.train.precision == "bf16" and device.type == "cuda"
+        self.attention = "flex" if fast else "sdpa"
+        self.compile = fast and (cfg.train.compile is True or (cfg.train.compile == "auto" and device.type == "cuda"))
+        if self.compile:
+            target.compile_features()
+        drafter.checkpoint_layers = cfg.train.activation_checkpointing
+        self.module: nn.Module = DraftForward(drafter)
+        self.defer_sync: Callable[[], AbstractContextManager] = contextlib.nullcontext
+        self._compiled: tuple[nn.Module, nn.Module] | None = None
+
+    def forward_module(self) -> nn.Module:
+        """`module` (as wrapped by the trainer), compiled once when the fast path asks for it."""
+        if not self.compile:
+            return self.module
+        if self._compiled is None or self._compiled[0] is not self.module:
+            self._compiled = (self.module, torch.compile(self.module))
+        return self._compiled[1]
+
+    # ---- batches -----------------------------------------------------------------------------------
+    def prepare(self, batch: Batch) -> Batch:
+        """Host side, in the prefetch thread: the micro-batch's passes, packed."""
+        b, anchors = self.cfg.drafter.block_size, self.cfg.train.num_anchors
+        counts = row_blocks(batch.loss_mask, batch.lengths, b, anchors).tolist()
+        batch.passes = []
+        for rows in split_rows(counts, self.cfg.train.max_blocks_per_pass):
+            index = torch.tensor(rows)
+            lengths = batch.lengths[index]
+            width = int(lengths.max())
+            ids, mask = batch.input_ids[index, :width], batch.loss_mask[index, :width]
+            ids = ids.pin_memory() if torch.cuda.is_available() else ids
+            batch.passes.append(Pass(ids, pack(ids, mask, lengths, b, anchors)))
+        return batch
+
+    def to_device(self, batch: Batch) -> Batch:
+        """Pinned host tensors -> device without waiting (the copy overlaps the previous step's tail)."""
+        batch.passes = [Pass(p.input_ids.to(self.device, non_blocking=True), p.packed.to(self.device))
+                        for p in batch.passes]
+        return batch
+
+    # ---- compute -----------------------------------------------------------------------------------
+    def micro_stats(self, part: Pass, blocks: Blocks, noise_std: float, gen: torch.Generator) -> MicroStats:
+        """Forward of one pass: the loss terms and metrics (backward is the caller's)."""
+        loss_cfg = self.cfg.loss
+        packed = part.packed
+        need_final = loss_cfg.kl_weight > 0 or loss_cfg.labels == "target"
+        v, b = blocks.tokens.shape
+        length = packed.input_ids.shape[0]
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16):
+            taps, final = self.target.features(part.input_ids, final_hidden=need_final)  # [n, T, N*H]
+            taps = taps.flatten(0, 1)[packed.token_index][None]  # [1, L, N*H]: padding dropped
+            noise = None
+            if noise_std > 0:
+                h = self.drafter.config.hidden_size
+                noise = noise_std * torch.randn((1, length, h), generator=gen, device=self.device)
+            embeds = self.target.embed_tokens(blocks.tokens.view(1, v * b))  # [1, V*B, H]
+            build = flex_block_mask if self.attention == "flex" else dense_mask
+            mask = build(blocks.anchors, blocks.doc, packed.doc, b)
+            hidden = self.forward_module()(taps, noise, embeds, blocks.positions.view(1, v * b), packed.pos[None],
+                                           mask)
+            hidden = hidden.view(v, b, -1)[:, 1:]  # [V, B-1, H]: block position 0 has no label
+            target_hidden = None
+            if need_final:
+                final = final.flatten(0, 1)[packed.token_index]  # [L, H]
+                before = blocks.anchors[:, None] + torch.arange(b - 1, device=self.device)  # predicts the next
+                target_hidden = final[before.clamp(max=length - 1)]  # [V, B-1, H]
+            return block_loss(hidden, self.target.lm_head.weight, blocks.labels, blocks.label_mask, loss_cfg,
+                              target_hidden)
+
+    def accumulate(
+        self, micro_batches: list[Batch], step: int, rank: int, noise_std: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward of update `step` over its micro-batches; gradients are left in the
+        drafter's .grad, clipped. Returns (the step's stats vector summed over ranks, grad norm)."""
+        cfg = self.cfg
+        passes = [p for mb in micro_batches for p in mb.passes]
+        blocks, gens = [], []
+        for i, part in enumerate(passes):
+            # numbered across ranks: 2 ranks x 1 pass draw what 1 rank x 2 passes draws
+            g = step_generator(cfg.train.seed, step, 0, rank * len(passes) + i, self.device)
+            blocks.append(sample_blocks(part.packed, cfg.drafter.block_size, cfg.train.num_anchors,
+                                        self.drafter.mask_token_id, g))
+            gens.append(g)
+        denom = sum(denominator(bl.label_mask, cfg.loss) for bl in blocks)
+        world = 1
+        if dist.is_initialized():
+            dist.all_reduce(denom)
+            world = dist.get_world_size()
+        scale = world / denom.clamp(min=1e-6)
+        total: MicroStats | None = None
+        last = len(passes) - 1
+        for i, (part, bl, g) in enumerate(zip(passes, blocks, gens, strict=True)):
+            with self.defer_sync() if i < last else contextlib.nullcontext():
+                stats = self.micro_stats(part, bl, noise_std, g)
+                (stats.weighted_loss * scale).backward()
+            total = add_stats(total, stats)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.optim.grad_clip)
+        if isinstance(grad_norm, DTensor):  # FSDP2: the norm of sharded gradients
+            grad_norm = grad_norm.full_tensor()
+        vector = stats_vector(total)
+        if dist.is_initialized():
+            dist.all_reduce(vector)
+        return vector, grad_norm

@@ -1,0 +1,41 @@
+"""`blockdraft bench` on the tiny shape: the report holds what the issue asks for, and bad input is one line."""
+
+import json
+
+import pytest
+
+from blockdraft.bench.flops import Dims, DraftWork, drafter_flops, target_flops
+from blockdraft.cli import main
+
+
+def test_tiny_bench_reports_throughput_memory_and_the_fast_vs_plain_check(capsys):
+    rc = main(["bench", "--target-shape", "tiny", "--lengths", "mix", "--steps", "2", "--warmup", "1",
+               "--seq-len", "128", "--micro-batch", "2", "--device", "cpu", "--json", "train.num_anchors=16"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    (mix,) = report["profiles"]
+    assert mix["profile"] == "mix" and mix["steps"] == 2
+    assert mix["tokens_per_s"] > 0 and 0 <= mix["pad_frac"] < 1 and 0 <= mix["data_wait_share"] < 1
+    assert mix["tokens_per_step"] <= 2 * 128  # real tokens, within the padded budget
+    assert mix["check"]["ok"] is True
+    assert report["checkpoint_stall"]["steady_s"] >= 0
+    assert report["env"]["drafter"].startswith("5 layers, B=16")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--target-shape", "gpt-17"], "unknown target shape"),
+    (["--lengths", "short"], "--lengths takes full and/or mix"),
+])
+def test_bad_bench_arguments_are_one_line_and_exit_2(argv, message, capsys):
+    assert main(["bench", "--device", "cpu", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_flops_follow_real_lengths():
+    dims = Dims(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128)
+    # a padded sequence costs nothing extra: only real lengths enter
+    assert target_flops([100, 20], dims, 3) == target_flops([100], dims, 3) + target_flops([20], dims, 3)
+    one = drafter_flops(DraftWork(100, 10, 500.0, 150), dims, layers=2, taps=3, block_size=16, vocab=1000)
+    two = drafter_flops(DraftWork(200, 20, 1000.0, 300), dims, layers=2, taps=3, block_size=16, vocab=1000)
+    assert two == pytest.approx(2 * one)

@@ -1,0 +1,77 @@
+"""The per-update compute: the fast path (flex attention over packed blocks) computes what the plain
+path (dense SDPA mask) computes, and odd micro-batches do not break an update."""
+
+import pytest
+import torch
+
+from blockdraft.train.blocks import sample_blocks
+from blockdraft.train.hotpath import HotPath, step_generator
+from blockdraft.train.loop import Trainer
+from blockdraft.train.loss import stats_vector
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_attention_path_equals_dense_mask_path(tiny_config):
+    """Forward only: flex attention has no backward on CPU (the bench checks gradients on the GPU)."""
+    trainer = Trainer(tiny_config(), show_console=False)
+    try:
+        batch = trainer.hot.to_device(trainer.prefetcher.next())
+    finally:
+        trainer.prefetcher.close()
+    plain = HotPath(trainer.target, trainer.drafter, trainer.cfg, trainer.device, fast=False)
+    flex = HotPath(trainer.target, trainer.drafter, trainer.cfg, trainer.device, fast=True)
+    assert (plain.attention, flex.attention) == ("sdpa", "flex")
+    cfg = trainer.cfg
+    (part,) = batch.passes
+    blocks = sample_blocks(part.packed, cfg.drafter.block_size, cfg.train.num_anchors, trainer.drafter.mask_token_id,
+                           step_generator(0, 1, 0, 0, trainer.device))
+    assert blocks.anchors.shape[0] > 4 and len(set(blocks.doc.tolist())) > 1  # several packed sequences
+    with torch.no_grad():
+        a = plain.micro_stats(part, blocks, 0.0, step_generator(0, 1, 0, 0, trainer.device))
+        b = flex.micro_stats(part, blocks, 0.0, step_generator(0, 1, 0, 0, trainer.device))
+    torch.testing.assert_close(stats_vector(b), stats_vector(a), rtol=1e-5, atol=1e-4)
+
+
+def test_a_micro_batch_without_any_anchor_adds_nothing(tiny_config):
+    trainer = Trainer(tiny_config(), show_console=False)
+    try:
+        batch = trainer.prefetcher.next()
+    finally:
+        trainer.prefetcher.close()
+    batch.loss_mask = torch.zeros_like(batch.loss_mask)  # e.g. only prompts: nothing to learn
+    batch = trainer.hot.to_device(trainer.hot.prepare(batch))
+    vector, grad_norm = trainer.hot.accumulate([batch], step=1, rank=0, noise_std=0.0)
+    assert batch.passes[0].packed.num_blocks == 0
+    assert vector.abs().sum().item() == 0.0 and grad_norm.item() == 0.0
+
+
+def _first_update(cfg) -> tuple[int, torch.Tensor, list[torch.Tensor]]:
+    """(passes, stats vector, gradients) of update 1 on the first batch, from the same initial weights."""
+    trainer = Trainer(cfg, show_console=False)
+    try:
+        batch = trainer.hot.to_device(trainer.prefetcher.next())
+    finally:
+        trainer.prefetcher.close()
+    torch.manual_seed(0)
+    trainer.drafter.reset_parameters()
+    vector, _ = trainer.hot.accumulate([batch], step=1, rank=0, noise_std=0.0)
+    return len(batch.passes), vector, [p.grad.clone() for p in trainer.drafter.parameters()]
+
+
+def test_a_micro_batch_split_into_passes_gives_the_same_update(tiny_config):
+    """Splitting by max_blocks_per_pass changes memory, not the loss or the gradients."""
+    # num_anchors above every sequence's candidates: all layouts see the very same blocks
+    one, v1, g1 = _first_update(tiny_config(train={"num_anchors": 1000, "max_blocks_per_pass": 100_000}))
+    many, v2, g2 = _first_update(tiny_config(train={"num_anchors": 1000, "max_blocks_per_pass": 8}))
+    assert one == 1 and many > 1
+    torch.testing.assert_close(v2, v1, rtol=1e-5, atol=1e-4)
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_activation_checkpointing_changes_memory_not_the_update(tiny_config):
+    _, v1, g1 = _first_update(tiny_config(train={"activation_checkpointing": False}))
+    _, v2, g2 = _first_update(tiny_config(train={"activation_checkpointing": True}))
+    torch.testing.assert_close(v2, v1)
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(b, a)
