@@ -95,7 +95,9 @@ class TrainConfig(Section):
     max_minutes: float | None = Field(None, gt=0, description="stop (and save) after this wall time")
     grad_accum: int = Field(1, ge=1)
     num_anchors: int = Field(512, ge=1, description="blocks per sequence, at most")
-    max_blocks_per_pass: int = Field(1536, ge=1, description="split a micro-batch above this many blocks (memory)")
+    max_blocks_per_pass: int | None = Field(
+        None, ge=1, description="split a micro-batch above this many blocks; default 1536 with flex attention "
+        "(GPU), num_anchors with the dense mask (CPU), whose cost grows with the square of a pass")
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["bf16", "fp32"] = "bf16"

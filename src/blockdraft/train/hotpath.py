@@ -102,6 +102,8 @@ class HotPath:
         self.use_bf16 = fast and cfg.train.precision == "bf16" and device.type == "cuda"
         self.attention = "flex" if fast else "sdpa"
         self.compile = fast and (cfg.train.compile is True or (cfg.train.compile == "auto" and device.type == "cuda"))
+        dense_cap = cfg.train.num_anchors  # about one sequence per pass: a dense mask costs (V*B) x (L + V*B)
+        self.max_blocks = cfg.train.max_blocks_per_pass or (1536 if self.attention == "flex" else dense_cap)
         if self.compile:
             target.compile_features()
         drafter.checkpoint_layers = cfg.train.activation_checkpointing
@@ -123,7 +125,7 @@ class HotPath:
         b, anchors = self.cfg.drafter.block_size, self.cfg.train.num_anchors
         counts = row_blocks(batch.loss_mask, batch.lengths, b, anchors).tolist()
         batch.passes = []
-        for rows in split_rows(counts, self.cfg.train.max_blocks_per_pass):
+        for rows in split_rows(counts, self.max_blocks):
             index = torch.tensor(rows)
             lengths = batch.lengths[index]
             width = int(lengths.max())
