@@ -13,7 +13,7 @@ from blockdraft.train.loss import stats_vector
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_attention_path_equals_dense_mask_path(tiny_config):
     """Forward only: flex attention has no backward on CPU (the bench checks gradients on the GPU)."""
-    trainer = Trainer(tiny_config(), show_console=False)
+    trainer = Trainer(tiny_config(train={"max_blocks_per_pass": 100_000}), show_console=False)  # one packed pass
     try:
         batch = trainer.hot.to_device(trainer.prefetcher.next())
     finally:
