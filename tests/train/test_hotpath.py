@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from blockdraft.train.blocks import sample_blocks
-from blockdraft.train.hotpath import HotPath, step_generator
+from blockdraft.train.hotpath import HotPath, Pass, step_generator
 from blockdraft.train.loop import Trainer
 from blockdraft.train.loss import stats_vector
 
@@ -74,4 +74,21 @@ def test_activation_checkpointing_changes_memory_not_the_update(tiny_config):
     _, v2, g2 = _first_update(tiny_config(train={"activation_checkpointing": True}))
     torch.testing.assert_close(v2, v1)
     for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(b, a)
+
+
+def test_a_placeholder_pass_adds_nothing_to_the_update(tiny_config):
+    """What a rank with fewer passes runs to keep step with the others: no loss, no gradient."""
+    trainer = Trainer(tiny_config(), show_console=False)
+    try:
+        batch = trainer.hot.to_device(trainer.prefetcher.next())
+    finally:
+        trainer.prefetcher.close()
+    v1, _ = trainer.hot.accumulate([batch], step=1, rank=0, noise_std=0.0)
+    g1 = [p.grad.clone() for p in trainer.drafter.parameters()]
+    trainer.drafter.zero_grad(set_to_none=True)
+    batch.passes.append(Pass.placeholder(batch.passes[-1]))
+    v2, _ = trainer.hot.accumulate([batch], step=1, rank=0, noise_std=0.0)
+    torch.testing.assert_close(v2, v1)
+    for a, b in zip(g1, [p.grad for p in trainer.drafter.parameters()], strict=True):
         torch.testing.assert_close(b, a)

@@ -46,6 +46,16 @@ class Pass:
     input_ids: torch.Tensor  # [n, T] right-padded, for the target
     packed: Packed
 
+    @staticmethod
+    def placeholder(like: Pass) -> Pass:
+        """A one-token pass with no label: it adds nothing to the update, but gives a rank with fewer
+        passes the same number of forwards and backwards (hence collectives) as the others."""
+        ids = like.input_ids[:1, :1]  # [1, 1]
+        zero = torch.zeros(1, dtype=torch.long, device=ids.device)
+        no = torch.zeros(1, dtype=torch.bool, device=ids.device)
+        return Pass(ids, Packed(token_index=zero, input_ids=ids[0], loss_mask=no, doc=zero, pos=zero, candidates=no,
+                                num_blocks=0))
+
 
 class DraftForward(nn.Module):
     """The drafter's training forward as one module call (fusion, noise, layers), so that DDP and
@@ -176,6 +186,10 @@ class HotPath:
         drafter's .grad, clipped. Returns (the step's stats vector summed over ranks, grad norm)."""
         cfg = self.cfg
         passes = [p for mb in micro_batches for p in mb.passes]
+        if dist.is_initialized():  # every rank must run as many passes: each forward holds collectives
+            most = torch.tensor([len(passes)], device=self.device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            passes += [Pass.placeholder(passes[-1])] * (int(most) - len(passes))
         blocks, gens = [], []
         for i, part in enumerate(passes):
             # numbered across ranks: 2 ranks x 1 pass draw what 1 rank x 2 passes draws
