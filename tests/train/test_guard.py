@@ -37,17 +37,21 @@ def test_disabled_guard_lets_everything_through():
     assert StepGuard(GuardConfig(enabled=False)).check(0, float("nan"), float("nan")) is None
 
 
-def _plant_nan(monkeypatch, trainer: Trainer, calls: set[int]) -> None:
-    """Target features turn NaN for the given (1-based) forward calls: a poisoned batch."""
-    features, count = trainer.target.features, [0]
+def _plant_nan(monkeypatch, trainer: Trainer, attempts: set[int]) -> None:
+    """Target features turn NaN during the given (1-based) step attempts: a poisoned batch."""
+    features, train_step, count = trainer.target.features, trainer.train_step, [0]
+
+    def counted(micro_batches):
+        count[0] += 1
+        return train_step(micro_batches)
 
     def poisoned(*args, **kwargs):
-        count[0] += 1
         taps, final = features(*args, **kwargs)
-        if count[0] in calls:
+        if count[0] in attempts:
             taps = taps * float("nan")
         return taps, final
 
+    monkeypatch.setattr(trainer, "train_step", counted)
     monkeypatch.setattr(trainer.target, "features", poisoned)
 
 
