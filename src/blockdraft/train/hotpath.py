@@ -32,10 +32,10 @@ from blockdraft.train.blocks import Blocks, Packed, pack, row_blocks, sample_blo
 from blockdraft.train.loss import MicroStats, add_stats, block_loss, denominator, stats_vector
 
 
-def step_generator(seed: int, step: int, rank: int, micro: int, device: torch.device) -> torch.Generator:
-    """A stateless per-(step, rank, micro-batch) RNG: resuming at step k replays the same anchors/noise."""
+def step_generator(seed: int, step: int, index: int, device: torch.device) -> torch.Generator:
+    """A stateless RNG per (step, pass index): resuming at step k replays the same anchors and noise."""
     g = torch.Generator(device=device)
-    g.manual_seed(((seed * 1_000_003 + step) * 1_009 + rank) * 1_013 + micro)
+    g.manual_seed((seed * 1_000_003 + step) * 1_013 + index)
     return g
 
 
@@ -193,7 +193,7 @@ class HotPath:
         blocks, gens = [], []
         for i, part in enumerate(passes):
             # numbered across ranks: 2 ranks x 1 pass draw what 1 rank x 2 passes draws
-            g = step_generator(cfg.train.seed, step, 0, rank * len(passes) + i, self.device)
+            g = step_generator(cfg.train.seed, step, rank * len(passes) + i, self.device)
             blocks.append(sample_blocks(part.packed, cfg.drafter.block_size, cfg.train.num_anchors,
                                         self.drafter.mask_token_id, g))
             gens.append(g)
