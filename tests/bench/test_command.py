@@ -25,6 +25,7 @@ def test_tiny_bench_reports_throughput_memory_and_the_fast_vs_plain_check(capsys
 @pytest.mark.parametrize("argv, message", [
     (["--target-shape", "gpt-17"], "unknown target shape"),
     (["--lengths", "short"], "--lengths takes full and/or mix"),
+    (["--target", "/nonexistent"], "no config.json there"),
 ])
 def test_bad_bench_arguments_are_one_line_and_exit_2(argv, message, capsys):
     assert main(["bench", "--device", "cpu", *argv]) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig, LlamaConfig, PretrainedConfig, Qwen3Config
@@ -38,6 +39,8 @@ SHAPES: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
 def target_config(shape: str | None, target_dir: str | None) -> PretrainedConfig:
     """The target's config: a named shape, or the config.json of a local model folder."""
     if target_dir is not None:
+        if not Path(target_dir, "config.json").is_file():
+            raise UserError(f"{target_dir}: no config.json there (a local Hugging Face model folder is expected)")
         try:
             return AutoConfig.from_pretrained(target_dir)
         except (OSError, ValueError) as exc:

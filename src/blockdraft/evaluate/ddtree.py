@@ -19,7 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from blockdraft.evaluate.sampling import next_tokens
-from blockdraft.evaluate.speculative import Generation, _positions, _sync
+from blockdraft.evaluate.speculative import Generation, _positions, _sync, draft_block
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.target import Target
 
@@ -100,9 +100,7 @@ def tree_decode(
     """Speculative decoding verifying a DDTree of `budget` nodes (None: the single top-1 path).
     temperature 0: greedy; > 0: accept while the draft equals the target's sampled token."""
     device = target.embed_tokens.weight.device
-    dtype = next(drafter.parameters()).dtype
-    block = drafter.block_size
-    embed, lm_head = target.embed_tokens, target.lm_head
+    lm_head = target.lm_head
     _sync(device)
     t0 = time.perf_counter()
 
@@ -114,15 +112,7 @@ def tree_decode(
     draft_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
     start = len(prompt)
     while len(out) < max_new_tokens and anchor != eos_id:
-        block_ids = torch.full((1, block), drafter.mask_token_id, device=device)
-        block_ids[0, 0] = anchor
-        hidden = drafter(
-            embed(block_ids).to(dtype),
-            _positions(start, block, device),
-            drafter.fuse(new_ctx.to(dtype)),
-            _positions(new_ctx_start, new_ctx.shape[1], device),
-            cache=draft_cache,
-        )
+        _, hidden = draft_block(drafter, target.embed_tokens, anchor, start, new_ctx, new_ctx_start, draft_cache)
         draft_logits = lm_head(hidden[0, 1:].to(lm_head.weight.dtype)).float()  # [B-1, V]
         if budget is None:
             tree = chain_tree(draft_logits.argmax(-1).tolist())

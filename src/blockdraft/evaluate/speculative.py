@@ -40,14 +40,38 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def draft_block(
+    drafter: DFlashDrafter,
+    embed: torch.nn.Module,
+    anchor: int,
+    start: int,
+    new_ctx: torch.Tensor,
+    new_ctx_start: int,
+    draft_cache: list[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One drafting pass: [anchor, MASK...] at positions start.. -> (block ids [1, B], hidden [1, B, H]).
+    new_ctx: [1, C, N*H] taps of the tokens committed since the last pass, which extend `draft_cache`."""
+    device, dtype = new_ctx.device, next(drafter.parameters()).dtype
+    block_ids = torch.full((1, drafter.block_size), drafter.mask_token_id, device=device)
+    block_ids[0, 0] = anchor
+    hidden = drafter(
+        embed(block_ids).to(dtype),
+        _positions(start, drafter.block_size, device),
+        drafter.fuse(new_ctx.to(dtype)),
+        _positions(new_ctx_start, new_ctx.shape[1], device),
+        mask=None,
+        cache=draft_cache,
+    )
+    return block_ids, hidden
+
+
 @torch.no_grad()
 def speculative_greedy(
     target: Target, drafter: DFlashDrafter, prompt: list[int], max_new_tokens: int, eos_id: int | None
 ) -> Generation:
     device = target.embed_tokens.weight.device
-    dtype = next(drafter.parameters()).dtype
     block = drafter.block_size
-    embed, lm_head = target.embed_tokens, target.lm_head
+    lm_head = target.lm_head
     _sync(device)
     t0 = time.perf_counter()
 
@@ -59,16 +83,8 @@ def speculative_greedy(
     draft_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
     start = len(prompt)  # absolute position of the anchor
     while len(out) < max_new_tokens and anchor != eos_id:
-        block_ids = torch.full((1, block), drafter.mask_token_id, device=device)
-        block_ids[0, 0] = anchor
-        hidden = drafter(
-            embed(block_ids).to(dtype),
-            _positions(start, block, device),
-            drafter.fuse(new_ctx.to(dtype)),
-            _positions(new_ctx_start, new_ctx.shape[1], device),
-            mask=None,
-            cache=draft_cache,
-        )
+        block_ids, hidden = draft_block(drafter, target.embed_tokens, anchor, start, new_ctx, new_ctx_start,
+                                        draft_cache)
         draft = lm_head(hidden[0, 1:].to(lm_head.weight.dtype)).argmax(-1)  # [B-1]
         block_ids[0, 1:] = draft
         logits, taps = target.step(block_ids, _positions(start, block, device), cache)
