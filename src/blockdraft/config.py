@@ -53,7 +53,8 @@ class DataConfig(Section):
 
 
 class LossConfig(Section):
-    weighting: Literal["exp_decay", "streak", "uniform"] = "exp_decay"
+    weighting: Literal["exp_decay", "streak", "uniform"] = Field(
+        "streak", description="streak won the ablation of bench/ablation.py beyond its spread (README)")
     gamma: float | None = Field(None, gt=0, description="exp_decay scale; default 7 for B=16, 4 for B=8")
     streak_floor: float = Field(0.05, ge=0, le=1)
     labels: Literal["data", "target"] = "data"
@@ -117,6 +118,7 @@ class EvalConfig(Section):
     max_prompts: int = Field(16, ge=1)
     max_new_tokens: int = Field(128, ge=1)
     prompt_tokens: int = Field(256, ge=1, description="prompt length cap for raw-text prompts")
+    batch_size: int = Field(1, ge=1, description="prompts decoded at once (greedy single path; pays on a GPU)")
 
 
 class GuardConfig(Section):

@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     drafter = load_drafter(export_dir, device)
     target, tokenizer, _ = load_target(cfg.target.path, drafter.target_layer_ids, device, cfg.target.dtype)
     prompts = heldout_prompts(cfg.eval, tokenizer)
-    (report,), _ = evaluate_modes(target, drafter, prompts, cfg.eval.max_new_tokens, tokenizer.eos_token_id, budgets=[])
+    (report,), _ = evaluate_modes(target, drafter, prompts, cfg.eval.max_new_tokens, tokenizer.eos_token_id, budgets=[],
+                                  batch_size=cfg.eval.batch_size)
     log = RunLog(out / "log.jsonl")
     log.write("eval", result.last_step, tau=report.tau, tau_hist=report.tau_hist, prompts=len(prompts),
               mode="path", budget=None, tokens=report.tokens, speedup=report.speedup, lossless=report.lossless,

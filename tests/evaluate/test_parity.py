@@ -4,6 +4,7 @@ in-training eval logged for the same step, on the same prompts (fp32 on CPU)."""
 
 import json
 
+import pytest
 import torch
 
 import blockdraft.evaluate.runner as runner
@@ -29,11 +30,12 @@ def _record_generations(monkeypatch) -> list[list[tuple[list[int], list[int]]]]:
     return seen
 
 
+@pytest.mark.parametrize("batch_size", [1, 2])
 def test_exported_drafter_measures_what_the_in_training_eval_logged(
-    tiny_config, tiny_target, tiny_corpus, tmp_path, monkeypatch, capsys
+    batch_size, tiny_config, tiny_target, tiny_corpus, tmp_path, monkeypatch, capsys
 ):
-    cfg = tiny_config(loss={"labels": "target"}, optim={"lr": 3e-3},
-                      train={"eval_every": 3, "max_steps": 6}, eval={"prompts": [str(tiny_corpus)], **EVAL})
+    cfg = tiny_config(loss={"labels": "target"}, optim={"lr": 3e-3}, train={"eval_every": 3, "max_steps": 6},
+                      eval={"prompts": [str(tiny_corpus)], "batch_size": batch_size, **EVAL})
     seen = _record_generations(monkeypatch)
     run_dir = Trainer(cfg, show_console=False).run().run_dir
     logged = {r["step"]: r for r in read_log(run_dir / "log.jsonl") if r["kind"] == "eval"}
@@ -51,7 +53,8 @@ def test_exported_drafter_measures_what_the_in_training_eval_logged(
         seen.clear()
         argv = ["eval", "--target", str(tiny_target), "--drafter", str(out), "--prompts", str(tiny_corpus),
                 "--limit", str(EVAL["max_prompts"]), "--max-new-tokens", str(EVAL["max_new_tokens"]),
-                "--prompt-tokens", str(EVAL["prompt_tokens"]), "--json", "--device", "cpu"]
+                "--prompt-tokens", str(EVAL["prompt_tokens"]), "--batch-size", str(batch_size), "--json",
+                "--device", "cpu"]
         assert main(argv) == 0
         report = json.loads(capsys.readouterr().out)
         assert seen == [in_training[step]]

@@ -21,6 +21,20 @@ def test_staged_state_does_not_follow_later_updates():
     assert staged["nested"][1] == 2
 
 
+def test_reserved_buffers_are_the_ones_a_save_fills():
+    state = {"model": {"w": torch.randn(4, 3)}, "optim": {"state": {0: {"exp_avg": torch.randn(4, 3)}}}}
+    stager = Stager()
+    stager.reserve(state)
+    staged = stager.stage(state)
+    reserved = dict(stager._buffers)
+    assert staged["model"]["w"].data_ptr() == reserved["/model/w"].data_ptr()
+    assert torch.equal(staged["optim"]["state"][0]["exp_avg"], state["optim"]["state"][0]["exp_avg"])
+    state["model"]["w"].add_(1.0)
+    again = stager.stage(state)  # the next save reuses them
+    assert again["model"]["w"].data_ptr() == reserved["/model/w"].data_ptr()
+    assert torch.equal(again["model"]["w"], state["model"]["w"])
+
+
 def test_steps_keep_flowing_while_a_slow_save_is_written(tiny_config, monkeypatch):
     write = checkpoint._write_files
 

@@ -150,7 +150,7 @@ def test_noise_applied_to_the_features_follows_the_schedule(tiny_config, monkeyp
 
 def test_gamma_far_from_the_block_size_default_is_warned_at_start(tiny_config):
     """The seed's gamma 4 at B=16 (default 7): a `warning` record before training gets far."""
-    cfg = tiny_config(drafter={"block_size": 16}, loss={"gamma": 4.0}, data={"max_len": 64},
+    cfg = tiny_config(drafter={"block_size": 16}, loss={"weighting": "exp_decay", "gamma": 4.0}, data={"max_len": 64},
                       train={"max_steps": 3, "save_every": 100})
     result = Trainer(cfg, show_console=False).run()
     warnings = [r for r in read_log(result.run_dir / "log.jsonl") if r["kind"] == "warning"]

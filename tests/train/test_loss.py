@@ -17,12 +17,13 @@ from blockdraft.train.loss import (
 
 
 def test_exp_decay_weights_and_gamma_default():
-    w16 = static_position_weights(LossConfig(), 16, torch.device("cpu"))
+    exp = LossConfig(weighting="exp_decay")
+    w16 = static_position_weights(exp, 16, torch.device("cpu"))
     assert w16.shape == (15,)
     assert w16[0] == 1.0 and w16[7].item() == pytest.approx(math.exp(-7 / 7))
-    w8 = static_position_weights(LossConfig(), 8, torch.device("cpu"))
+    w8 = static_position_weights(exp, 8, torch.device("cpu"))
     assert w8[4].item() == pytest.approx(math.exp(-4 / 4))
-    w = static_position_weights(LossConfig(gamma=2.0), 16, torch.device("cpu"))
+    w = static_position_weights(LossConfig(weighting="exp_decay", gamma=2.0), 16, torch.device("cpu"))
     assert w[2].item() == pytest.approx(math.exp(-1.0))
     assert (static_position_weights(LossConfig(weighting="uniform"), 8, torch.device("cpu")) == 1).all()
 
@@ -40,7 +41,7 @@ def test_loss_is_weighted_mean_over_real_labels():
     weight = torch.randn(v, h)
     labels = torch.randint(0, v, (blocks, k))
     mask = torch.rand(blocks, k) > 0.3
-    cfg = LossConfig(gamma=2.0, logits_chunk=64)
+    cfg = LossConfig(weighting="exp_decay", gamma=2.0, logits_chunk=64)
     stats = block_loss(hidden, weight, labels, mask, cfg)
     ce = F.cross_entropy((hidden @ weight.T).view(-1, v), labels.view(-1), reduction="none").view(blocks, k)
     w = static_position_weights(cfg, k + 1, torch.device("cpu")).expand(blocks, k) * mask

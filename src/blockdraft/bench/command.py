@@ -4,6 +4,10 @@ Runs the training hot path (the same `HotPath`, sampler and prefetcher as `block
 target with random weights and synthetic batches, and reports tokens/s in real (unpadded) tokens,
 step time, MFU split into target forward and drafter, peak memory, data-wait share, checkpoint stall,
 and the loss of the fast path against the plain path on the same batch.
+
+Under torchrun (one process per GPU) the drafter is wrapped as in training (`train.parallel`, DDP by
+default), each rank draws its own batches, and tokens/s counts every rank's real tokens: the
+scaling table of the README compares this figure per GPU with the one-GPU run.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -109,13 +114,14 @@ def draft_work(packed, num_anchors: int) -> DraftWork:
     return DraftWork(int(packed.input_ids.shape[0]), int(blocks.sum()), seen, 0)
 
 
-def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: float | None) -> dict[str, Any]:
+def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: float | None, world) -> dict[str, Any]:
     from blockdraft.data import BatchSampler, Prefetcher
+    from blockdraft.train.distributed import sum_over_ranks
 
     device = hot.device
     count = max(4096, (args.steps + args.warmup + 2) * args.micro_batch * cfg.train.grad_accum * 4)
     dataset = SyntheticDataset(profile, args.seq_len, hf_cfg.vocab_size, count)
-    sampler = BatchSampler(dataset.lengths, cfg.data, seed=cfg.train.seed)
+    sampler = BatchSampler(dataset.lengths, cfg.data, seed=cfg.train.seed, rank=world.rank, world_size=world.size)
 
     t_dims, d_dims = Dims.of(hf_cfg), Dims.of(hot.drafter.config)
     taps, layers_run = len(hot.drafter.target_layer_ids), hot.target.layer_ids[-1] + 1
@@ -124,8 +130,10 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     with Prefetcher(dataset, sampler, depth=cfg.data.prefetch_depth, pin_memory=device.type == "cuda",
                     prepare=hot.prepare) as prefetcher:
         for k in range(1, args.warmup + args.steps + 1):
-            if k == args.warmup + 1 and device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
+            if k == args.warmup + 1:
+                graphs_before = _graphs_compiled()
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
             _sync(device)
             t0 = time.perf_counter()
             micro = [prefetcher.next() for _ in range(cfg.train.grad_accum)]
@@ -134,34 +142,43 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
             lengths = [int(n) for mb in micro for n in mb.lengths.tolist()]
             padded = sum(mb.padded_tokens for mb in micro)
             micro = [hot.to_device(mb) for mb in micro]
-            vector, grad_norm = hot.accumulate(micro, k, 0, 0.0)
+            vector, grad_norm = hot.accumulate(micro, k, world.rank, 0.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             host = vector.cpu().tolist()  # the step's sync, as in training
+            all_tokens, all_padded = sum_over_ranks([sum(lengths), padded], device)  # as in training
             step_time = time.perf_counter() - t0
             if k <= args.warmup:
                 continue
-            labels = int(sum(host[5 + (len(host) - 5) // 2:]))
+            labels = sum(host[5 + (len(host) - 5) // 2:]) / world.size  # summed over ranks: the mean per GPU
             fl_t = target_flops(lengths, t_dims, layers_run)
             fl_d = sum(drafter_flops(DraftWork(w.context_tokens, w.blocks, w.context_seen, 0), d_dims,
                                      hot.drafter.config.num_hidden_layers, taps, hot.drafter.block_size,
                                      hf_cfg.vocab_size) for w in work)
             fl_d += 2 * 2 * labels * d_dims.hidden * hf_cfg.vocab_size  # lm_head: forward + input gradient
-            rows.append({"step_time": step_time, "wait": wait, "tokens": sum(lengths), "padded": padded,
+            rows.append({"step_time": step_time, "wait": wait, "tokens": all_tokens, "padded": all_padded,
                          "passes": len(work),
                          "flops_target": fl_t, "flops_drafter": fl_d, "loss": host[0] / max(host[1], 1e-12)})
             if len(kept) < 4:
                 kept.append(micro)
+        graphs = _graphs_compiled() - graphs_before
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
         target_time = time_target(hot, kept)
-    result = summarize_rows(rows, target_time, peak)
-    result.update(profile=profile, peak_mem_gb=mem, micro_batches_per_step=cfg.train.grad_accum,
+    result = summarize_rows(rows, target_time, peak, world.size)
+    result.update(profile=profile, peak_mem_gb=mem, graphs_compiled=graphs, micro_batches_per_step=cfg.train.grad_accum,
                   passes_per_step=statistics.mean(r["passes"] for r in rows))
     if args.profile:
         write_profile(hot, kept[0], args.profile, profile)
     if not args.no_check:
         result["check"] = check_fast_against_plain(hot, cfg, dataset)
     return result
+
+
+def _graphs_compiled() -> int:
+    """Graphs torch.compile has made so far in this process: growth while measuring means recompiles."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def time_target(hot, kept: list) -> float:
@@ -179,7 +196,8 @@ def time_target(hot, kept: list) -> float:
     return statistics.median(times) if times else 0.0
 
 
-def summarize_rows(rows: list[dict[str, float]], target_time: float, peak: float | None) -> dict:
+def summarize_rows(rows: list[dict[str, float]], target_time: float, peak: float | None, world_size: int = 1) -> dict:
+    """Tokens count every rank's; FLOPs (hence TFLOP/s and MFU) are this rank's, i.e. per GPU."""
     step = statistics.median(r["step_time"] for r in rows)
     tokens = statistics.median(r["tokens"] for r in rows)
     wall = sum(r["step_time"] for r in rows)
@@ -189,6 +207,7 @@ def summarize_rows(rows: list[dict[str, float]], target_time: float, peak: float
     out = {
         "steps": len(rows),
         "tokens_per_s": tokens / step,
+        "tokens_per_s_per_gpu": tokens / step / world_size,
         "tokens_per_s_wall": sum(r["tokens"] for r in rows) / wall,
         "slow_steps": sum(r["step_time"] > 2 * step for r in rows),
         "step_time_s": step,
@@ -253,17 +272,52 @@ def write_profile(hot, micro: list, out_dir: str, profile: str) -> None:
     prof.export_chrome_trace(str(out / f"{profile}-trace.json"))
 
 
-def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float]:
-    """What a save holds the loop for: staging the drafter and AdamW state into pinned host memory
-    (the write itself runs in the background). First save allocates the buffers; later ones reuse them."""
+def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float | None]:
+    """What a save holds the loop for, against its floor: one device-to-host copy of the same bytes.
+
+    As in training, the pinned buffers are reserved in the background before the first save
+    (`reserve_s`, off the loop); `first_s` and `steady_s` are the loop's holds at the first and a later
+    save; `d2h_s` is one contiguous copy of the state's bytes into pinned memory (median of 3)."""
     from blockdraft.train.checkpoint import Stager
 
-    stager, times = Stager(), []
-    for _ in range(2):
+    state = {"model": hot.drafter.state_dict(), "optim": optimizer.state_dict()}
+    stager = Stager()
+    t0 = time.perf_counter()
+    stager.reserve(state).join()
+    reserve_s = time.perf_counter() - t0
+    times = []
+    for _ in range(3):
         t0 = time.perf_counter()
-        stager.stage({"model": hot.drafter.state_dict(), "optim": optimizer.state_dict()})
+        stager.stage(state)
         times.append(time.perf_counter() - t0)
-    return {"first_s": times[0], "steady_s": times[1]}
+    out: dict[str, float | None] = {"reserve_s": reserve_s, "first_s": times[0],
+                                    "steady_s": statistics.median(times[1:]), "d2h_s": None, "first_over_d2h": None}
+    if hot.device.type == "cuda":
+        del stager
+        nbytes = sum(t.numel() * t.element_size() for t in _tensors(state))
+        src = torch.empty(nbytes, dtype=torch.uint8, device=hot.device)
+        dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        copies = []
+        for _ in range(3):
+            _sync(hot.device)
+            t0 = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            _sync(hot.device)
+            copies.append(time.perf_counter() - t0)
+        out["d2h_s"] = statistics.median(copies)
+        out["first_over_d2h"] = times[0] / out["d2h_s"]
+        out["gb"] = nbytes / 1e9
+    return out
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for v in tree.values() for t in _tensors(v)]
+    if isinstance(tree, (list, tuple)):
+        return [t for v in tree for t in _tensors(v)]
+    return []
 
 
 def render(report: dict[str, Any]) -> None:
@@ -272,12 +326,14 @@ def render(report: dict[str, Any]) -> None:
 
     console = Console()
     env = report["env"]
-    console.print(f"[bold]blockdraft bench[/] {env['target']} on {env['device_name']}: drafter {env['drafter']}, "
+    gpus = f"{env['world_size']} x " if env["world_size"] > 1 else ""
+    console.print(f"[bold]blockdraft bench[/] {env['target']} on {gpus}{env['device_name']}: drafter {env['drafter']}, "
                   f"torch {env['torch']}; nominal peak {env['peak_tflops'] or '-'} TFLOP/s, "
                   f"measured bf16 matmul {_fmt(env['matmul_tflops'], '.0f')} TFLOP/s")
-    table = Table(caption="medians over the measured steps; slow steps (over 2x the median: recompiles) are counted "
-                          "in tokens_per_s_wall of --json")
-    for col in ("lengths", "tokens/s (real)", "slow steps", "step s", "tokens/step", "pad", "TFLOP/s", "MFU",
+    table = Table(caption="medians over the measured steps; slow steps (over 2x the median) and graphs compiled "
+                          "while measuring show recompiles; tokens_per_s_wall in --json counts them in")
+    for col in ("lengths", "tokens/s (real)", "per GPU", "slow steps", "graphs compiled", "step s", "tokens/step",
+                "pad", "TFLOP/s", "MFU",
                 "MFU target", "MFU drafter", "target share", "data wait", "peak GB", "fast vs plain"):
         table.add_column(col, justify="right")
     for r in report["profiles"]:
@@ -285,15 +341,21 @@ def render(report: dict[str, Any]) -> None:
         verdict = "-" if not check else ("ok" if check.get("ok") else "FAIL" if check.get("ok") is False else "n/a")
         if "loss_rel_diff" in check:
             verdict += f" ({check['loss_rel_diff']:.1e})"
-        table.add_row(r["profile"], f"{r['tokens_per_s']:,.0f}", str(r["slow_steps"]), f"{r['step_time_s']:.3f}",
+        table.add_row(r["profile"], f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
+                      str(r["slow_steps"]), str(r["graphs_compiled"]), f"{r['step_time_s']:.3f}",
                       f"{r['tokens_per_step']:,.0f}", f"{r['pad_frac']:.1%}", f"{r['tflops']:.0f}",
                       _fmt(r["mfu"], ".1%"), _fmt(r["mfu_target"], ".1%"), _fmt(r["mfu_drafter"], ".1%"),
                       f"{r['target_time_share']:.0%}", f"{r['data_wait_share']:.1%}", _fmt(r["peak_mem_gb"], ".1f"),
                       verdict)
     console.print(table)
     stall = report["checkpoint_stall"]
-    console.print(f"checkpoint stall (staging drafter + AdamW state): first {stall['first_s']:.2f}s, "
-                  f"then {stall['steady_s']:.2f}s")
+    if stall is None:
+        console.print("checkpoint stall: not measured under torchrun (data-parallel runs save with dcp.async_save)")
+        return
+    floor = f"; one device-to-host copy of the same bytes {stall['d2h_s']:.2f}s" if stall["d2h_s"] else ""
+    console.print(f"checkpoint stall (staging drafter + AdamW state): first save {stall['first_s']:.2f}s, "
+                  f"then {stall['steady_s']:.2f}s (pinned buffers reserved off the loop in "
+                  f"{stall['reserve_s']:.2f}s){floor}")
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -301,6 +363,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from blockdraft.train import distributed
     from blockdraft.train.hotpath import HotPath
     from blockdraft.train.loop import pick_device
     from blockdraft.train.schedule import build_optimizer
@@ -311,11 +374,12 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.warmup < 0 or args.micro_batch < 1:
         raise UserError("--steps and --micro-batch must be at least 1, --warmup at least 0")
     cfg = bench_config(args)
-    device = pick_device(cfg.train.device)
+    world, device = distributed.init(pick_device(cfg.train.device), cfg.train.dist_timeout_s)
     hf_cfg = target_config(args.target_shape, args.target)
     torch.manual_seed(cfg.train.seed)
     target, drafter = build_models(cfg, hf_cfg, device)
     hot = HotPath(target, drafter, cfg, device)
+    hot.module, hot.defer_sync = distributed.wrap(hot.module, cfg.train.parallel, world, device)
     peak = _peak(device, args.peak_tflops)
     env = {
         "target": args.target or args.target_shape,
@@ -325,10 +389,25 @@ def run(args: argparse.Namespace) -> int:
         "seq_len": args.seq_len, "micro_batch": args.micro_batch, "torch": torch.__version__,
         "peak_tflops": peak, "matmul_tflops": matmul_tflops(device), "fast_path": hot.attention == "flex",
         "compile": hot.compile, "bf16": hot.use_bf16, "date": time.strftime("%Y-%m-%d"),
+        "world_size": world.size, "parallel": cfg.train.parallel if world.distributed else None,
     }
     optimizer = build_optimizer(drafter.parameters(), cfg.optim, device)
-    report = {"env": env, "profiles": [run_profile(hot, optimizer, cfg, p, args, hf_cfg, peak) for p in profiles],
-              "checkpoint_stall": checkpoint_stall(hot, optimizer)}
+    t0 = time.perf_counter()
+
+    def progress(what: str, result: Any) -> Any:
+        """One line on stderr as each part ends: a long bench that is cut off still leaves its figures."""
+        if world.is_main:
+            print(f"bench: {what} after {time.perf_counter() - t0:.0f}s: {json.dumps(result)}", file=sys.stderr,
+                  flush=True)
+        return result
+
+    report = {"env": env, "profiles": [progress(p, run_profile(hot, optimizer, cfg, p, args, hf_cfg, peak, world))
+                                       for p in profiles]}
+    # data-parallel training saves through dcp.async_save, not this stager: not measured there
+    report["checkpoint_stall"] = None if world.distributed else progress("checkpoint", checkpoint_stall(hot, optimizer))
+    distributed.shutdown()
+    if not world.is_main:
+        return 0
     if args.json:
         print(json.dumps(report, indent=1))
     else:

@@ -84,9 +84,10 @@ def pack_sorted(sorted_lengths: np.ndarray, budget: int) -> np.ndarray:
 
 
 def run_bound(counts: list[int], max_run: int) -> int:
-    """The smallest achievable bound: a bucket with c of N slots needs runs of c / (N - c + 1)."""
+    """The smallest bound that holds within every epoch and across their boundaries: a bucket with c
+    of N slots, whose previous epoch may end on a full run of it, needs runs of c / (N - c)."""
     total = sum(counts)
-    needed = max((math.ceil(c / (total - c + 1)) for c in counts if c), default=1)
+    needed = max((math.ceil(c / (total - c)) if c < total else c for c in counts if c), default=1)
     return max(max_run, needed)
 
 
@@ -108,7 +109,8 @@ def interleave(
     random offset, j_bk a jitter of at most half a stride that does not accumulate (so the order is
     not one fixed cycle repeated, yet no bucket drifts from its share). The lowest ideal slot goes
     next unless that would exceed the run bound or make the rest impossible to lay out within it.
-    `tail` = (bucket, run) that the previous epoch ended with.
+    `tail` = (bucket, run) that the previous epoch ended with: the run bound holds across the boundary
+    (with one bucket only, no bound can: it is raised by the least the tail needs).
     """
     total = sum(counts)
     bound = run_bound(counts, max_run)
@@ -118,7 +120,9 @@ def interleave(
     jitter = [rng.uniform(-JITTER, JITTER, c).tolist() for c in counts]
     priority = rng.permutation(len(counts)).tolist()
     taken = [0] * len(counts)
-    last, run = tail if tail is not None and _feasible(remaining, *tail, bound) else (-1, 0)
+    last, run = tail if tail is not None else (-1, 0)
+    while not _feasible(remaining, last, run, bound):
+        bound += 1
     out = np.empty(total, dtype=np.int32)
     for t in range(total):
         candidates = sorted(

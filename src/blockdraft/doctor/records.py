@@ -351,6 +351,9 @@ def _build_table(
     if "step" not in cols or not np.isfinite(cols["step"]).any():
         cols["step"] = np.arange(1, len(order) + 1, dtype=np.float64)
     bucket, bucket_seq, bucket_row = _bucket_columns(single[order], {int(inverse[i]): v for i, v in multi.items()})
+    world = _world_sizes(lines[order], records)
+    if world is not None:
+        cols["world_size"] = world
 
     reasons = {
         int(inverse[n_fast + i]): str(d["skip_reason"]) for i, (_, d) in enumerate(step_dicts) if d.get("skip_reason")
@@ -421,6 +424,19 @@ def _mean_profile(profiles: list[Any]) -> np.ndarray | None:
     width = len(good[-1])
     rows = [[_number(v) for v in p] for p in good if len(p) == width]
     return np.nanmean(np.array(rows, dtype=np.float64), axis=0)
+
+
+def _world_sizes(lines: np.ndarray, records: dict[str, list[dict[str, Any]]]) -> np.ndarray | None:
+    """Each step row's world size: that of the latest run_start above it. A run resumed on another
+    number of GPUs changes its tokens per step and steps per epoch there, not at random."""
+    starts = sorted((r["_line"], r["world_size"]) for r in records.get("run_start", [])
+                    if isinstance(r.get("_line"), int) and isinstance(r.get("world_size"), int | float))
+    if not starts:
+        return None
+    marks = np.array([line for line, _ in starts], dtype=np.int64)
+    sizes = np.array([size for _, size in starts], dtype=np.float64)
+    idx = np.searchsorted(marks, lines) - 1
+    return np.where(idx >= 0, sizes[np.clip(idx, 0, None)], np.nan)
 
 
 def _segments(steps: np.ndarray, lines: np.ndarray, records: dict[str, list[dict[str, Any]]]) -> np.ndarray:

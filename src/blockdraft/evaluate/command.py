@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
+                   help="target weights (auto: bf16 on a GPU); float32 makes greedy outputs exactly comparable")
 
 
 def parse_budgets(text: str) -> list[int]:
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
                      prompt_tokens=args.prompt_tokens)
     prompts, skipped = load_prompts(args.prompts, tokenizer, cfg, thinking=args.thinking)
     drafter = load_drafter(args.drafter, device)
-    target, _, _ = load_target(args.target, drafter.target_layer_ids, device)
+    target, _, _ = load_target(args.target, drafter.target_layer_ids, device, args.dtype)
     drafter.to(target.embed_tokens.weight.dtype)
     results, target_tps = evaluate(target, drafter, prompts, args.max_new_tokens, tokenizer.eos_token_id, budgets,
                                    args.temperature, args.seed, args.batch_size)

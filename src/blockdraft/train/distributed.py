@@ -100,7 +100,7 @@ def wrap(module: nn.Module, mode: str, world: World, device: torch.device
         return module, contextlib.nullcontext
     if mode == "ddp":
         ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
-                                      forward_sync_buffers=False)  # buffers are constants (RoPE)
+                                      broadcast_buffers=False)  # buffers are constants (RoPE)
         return ddp, ddp.no_sync
     fully_shard(module)
     return module, lambda: _fsdp_no_sync(module)

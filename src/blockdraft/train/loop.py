@@ -121,6 +121,7 @@ class Trainer:
         self.skip_list: set[str] = set()
         self._skipped_run: list[str] = []  # batch ids of the current run of consecutive guarded steps
         self.stager = Stager()
+        self._staging_reserved = False
         self.checkpointer = (
             ShardedCheckpointer(self.ckpt_root, cfg.train.keep_last, self.rank, self.dp.ckpt_group)
             if self.dp.distributed else AsyncCheckpointer(self.ckpt_root, cfg.train.keep_last)
@@ -162,8 +163,8 @@ class Trainer:
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(tuple(state["rng"]["numpy"]))
         random.setstate(tuple(state["rng"]["python"]))
-        if "cuda" in state["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        if "cuda" in state["rng"] and self.device.type == "cuda":  # this device's: the world size may differ
+            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
         self.skip_list = set(state.get("skip_list", []))
         if saved_world != self.world:
             self._world_note = (
@@ -178,14 +179,15 @@ class Trainer:
         """A consistent copy of the training state in host memory, taken between two updates."""
         rng = {"torch": torch.get_rng_state(), "numpy": list(np.random.get_state()), "python": list(random.getstate())}
         rng["numpy"][1] = torch.from_numpy(rng["numpy"][1].astype(np.int64))
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
         trainer_state = {"step": self.step, "data": self.prefetcher.state_dict(), "rng": rng,
                          "skip_list": sorted(self.skip_list), "world_size": self.world}
         if self.dp.distributed:  # live shards: the ShardedCheckpointer stages them itself
             model, optim = distributed.state_dicts(self.drafter, self.optimizer)
         else:
-            model, optim = self.stager.stage(self.drafter.state_dict()), self.stager.stage(self.optimizer.state_dict())
+            staged = self.stager.stage(self._live_state())
+            model, optim = staged["model"], staged["optim"]
         return Snapshot(
             self.step,
             model,
@@ -195,6 +197,9 @@ class Trainer:
             {"step": self.step, "total_steps": self.total_steps, "skip_list": sorted(self.skip_list),
              "config": self.cfg.model_dump(mode="json")},
         )
+
+    def _live_state(self) -> dict[str, Any]:
+        return {"model": self.drafter.state_dict(), "optim": self.optimizer.state_dict()}
 
     def save(self, log: RunLog, console: TrainConsole) -> None:
         """Start a background save; the loop is held only to finish the previous one and to stage.
@@ -271,7 +276,7 @@ class Trainer:
             drafter = DFlashDrafter(self.drafter.config).to(self.device)
             drafter.load_state_dict(distributed.full_drafter_state(self.drafter))
         (path,), _ = evaluate_modes(self.target, drafter, self.eval_prompts, ev.max_new_tokens,
-                                    self.tokenizer.eos_token_id, budgets=[])
+                                    self.tokenizer.eos_token_id, budgets=[], batch_size=ev.batch_size)
         return {"tau": path.tau, "tau_hist": path.tau_hist, "prompts": len(self.eval_prompts), "mode": "path",
                 "budget": None, "tokens": path.tokens, "speedup": path.speedup, "lossless": path.lossless}
 
@@ -380,6 +385,9 @@ class Trainer:
                         break
                     if rec["skipped"]:
                         continue
+                    if not self._staging_reserved and not self.dp.distributed:  # AdamW's state exists now
+                        self.stager.reserve(self._live_state())
+                        self._staging_reserved = True
                     if self.step % cfg.train.save_every == 0 and self.step < self.total_steps:
                         self.save(log, console)
                     if cfg.train.eval_every and self.eval_prompts and self.step % cfg.train.eval_every == 0:

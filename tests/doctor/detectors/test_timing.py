@@ -111,3 +111,24 @@ def test_one_odd_stall_among_periodic_ones_still_warns():
     assert sorted(f.severity for f in found) == ["info", "warning"]
     warn = next(f for f in found if f.severity == "warning")
     assert warn.steps == (1234, 1235)
+
+
+def test_a_resume_on_fewer_gpus_is_not_a_drift_nor_an_epoch_bug():
+    """2 GPUs for 300 updates, then resumed on 1: tokens per update and epoch length halve and double
+    there, for a reason the run_start records state (seen on 2x H200, 2026-11-29)."""
+
+    def run_start(step, world):
+        return {"kind": "run_start", "step": step, "time": float(step), "world_size": world,
+                "batches_per_epoch": 600, "total_steps": 600,
+                "config": {"train": {"grad_accum": 1, "epochs": 6, "max_steps": 600}}}
+
+    def steps(lo, hi, world):
+        return [{"kind": "step", "step": i, "time": float(i), "step_time": 0.1, "data_wait": 0.0, "loss": 1.0,
+                 "tokens": 2048 * world, "epoch": 0, "epoch_progress": i * world / 600, "progress": i / 600}
+                for i in range(lo, hi)]
+
+    recs = [run_start(0, 2), *steps(1, 301, 2), run_start(300, 1), *steps(301, 601, 1)]
+    found = codes(diagnose(_log(recs)))
+    assert "throughput_drift" not in found and "epoch_accounting" not in found, found
+    slowing = [{**r, "step_time": 0.1 * (1 + r["step"] / 300)} if r["kind"] == "step" else r for r in recs]
+    assert "throughput_drift" in codes(diagnose(_log(slowing)))  # a real slowdown still shows through

@@ -200,10 +200,12 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
         evidence["total_steps"] = float(total)
         if abs(implied_total / total - 1) > 0.1:
             problems.append(f"progress implies {implied_total:.0f} total steps but run_start says {total:.0f}")
-    bpe = ctx.run.run_value("batches_per_epoch")
+    first = ctx.run.of_kind("run_start")[:1]  # the segment checked here is the first run's
+    start = first[0] if first else (ctx.run.run_start or {})
+    bpe = start.get("batches_per_epoch")
     if isinstance(bpe, int | float) and bpe > 0 and math.isfinite(implied_spe):
         accum = ctx.run.setting("train", "grad_accum") or 1
-        world = ctx.run.run_value("world_size") or 1
+        world = start.get("world_size") or 1
         candidates = {float(bpe), bpe / accum, bpe / world, bpe / (accum * world)}
         evidence["batches_per_epoch"] = float(bpe)
         if min(abs(implied_spe / c - 1) for c in candidates if c > 0) > 0.1:

@@ -389,6 +389,8 @@ def throughput_drift(ctx: Context) -> list[Finding]:
         tp = 1.0 / t.get("step_time")
     else:
         tp = ctx.dstep / ctx.dtime
+    if t.has("world_size"):  # per GPU: a resume on fewer GPUs is not a drift
+        tp = tp / np.nan_to_num(t.get("world_size"), nan=1.0)
     with np.errstate(invalid="ignore", divide="ignore"):
         y = np.log(np.where(tp > 0, tp, np.nan))
     ok = np.isfinite(y)
