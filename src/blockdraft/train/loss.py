@@ -55,9 +55,9 @@ class RowTerms:
 
 
 def _ce_terms(
-    logits: torch.Tensor, labels: torch.Tensor, row_weight: torch.Tensor, need_grad: bool
+    logits: torch.Tensor, labels: torch.Tensor, need_grad: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """logits [r, V] -> ce [r] (fp32 math), argmax [r], and w * d ce / d logits [r, V] in the logits'
+    """logits [r, V] -> ce [r] (fp32 math), argmax [r], and d ce / d logits [r, V] in the logits'
     dtype. Under torch.compile this is two passes over the logits instead of eight eager kernels."""
     x = logits.float()
     lse = torch.logsumexp(x, dim=-1)
@@ -66,7 +66,7 @@ def _ce_terms(
     if not need_grad:
         return ce, pred, None
     onehot = torch.arange(x.shape[1], device=x.device)[None, :] == labels[:, None]
-    grad = (torch.exp(x - lse[:, None]) - onehot.float()) * row_weight[:, None]
+    grad = torch.exp(x - lse[:, None]) - onehot.float()
     return ce, pred, grad.to(logits.dtype)
 
 
@@ -76,49 +76,47 @@ def _compiled_ce_terms():
 
 
 def _kl_terms(
-    logits: torch.Tensor, t_logits: torch.Tensor, labels: torch.Tensor, row_weight: torch.Tensor,
-    kl_weight: float, temperature: float,
+    logits: torch.Tensor, t_logits: torch.Tensor, labels: torch.Tensor, kl_weight: float, temperature: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """With soft labels: ce, kl (times T^2), argmax and w * d(ce + kl_weight * kl) / d logits, in fp32."""
+    """With soft labels: ce, kl (times T^2), argmax and d(ce + kl_weight * kl) / d logits, in fp32."""
     x = logits.float()
-    ce, pred, g = _ce_terms(x, labels, torch.ones_like(row_weight), need_grad=True)
+    ce, pred, g = _ce_terms(x, labels, need_grad=True)
     t_logp = F.log_softmax(t_logits / temperature, dim=-1)
     d_logp = F.log_softmax(x / temperature, dim=-1)
     t_p = t_logp.exp()
     kl = (t_p * (t_logp - d_logp)).sum(-1) * temperature**2
     g += (d_logp.exp_() - t_p).mul_(temperature * kl_weight)  # d kl / d logits = T (softmax(x/T) - softmax(t/T))
-    return ce, kl, pred, g.mul_(row_weight[:, None])
+    return ce, kl, pred, g
 
 
 class _FusedLinearLoss(torch.autograd.Function):
-    """sum_r w_r * (ce_r + kl_weight * kl_r) with logits = hidden @ weight.T, chunk by chunk.
+    """Per-row losses ce_r + kl_weight * kl_r with logits = hidden @ weight.T, chunk by chunk.
 
-    The loss is linear in the per-row terms and w is constant, so d loss / d hidden is known in the
-    forward; backward only scales it by the incoming scalar gradient.
+    Row r's loss depends on hidden row r alone, so its gradient (a [H] row) is computed in the forward
+    with the logits at hand; backward only scales each row by the incoming gradient of its loss. Row
+    weights are applied by the caller, after the forward: streak weights, which come from these very
+    losses, then cost no second pass over the vocabulary.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, row_weight, target_hidden, kl_weight, kl_temperature,
-                use_target_labels, chunk):
+    def forward(ctx, hidden, weight, labels, target_hidden, kl_weight, kl_temperature, use_target_labels, chunk):
         need_grad = hidden.requires_grad
         grad = torch.empty_like(hidden) if need_grad else None
-        weighted = hidden.new_zeros((), dtype=torch.float32)
         parts: list[tuple[torch.Tensor, ...]] = []
         for start in range(0, hidden.shape[0], chunk):
             sl = slice(start, start + chunk)
             logits = F.linear(hidden[sl].to(weight.dtype), weight)  # [r, V], the lm_head's dtype
-            y, w = labels[sl], row_weight[sl]
+            y = labels[sl]
             if target_hidden is not None:
                 t_logits = F.linear(target_hidden[sl].to(weight.dtype), weight).float()
                 if use_target_labels:
                     y = t_logits.argmax(dim=-1)
             if target_hidden is not None and kl_weight > 0:
-                ce, kl, pred, g = _kl_terms(logits, t_logits, y, w, kl_weight, kl_temperature)
+                ce, kl, pred, g = _kl_terms(logits, t_logits, y, kl_weight, kl_temperature)
             else:
                 terms = _compiled_ce_terms() if logits.is_cuda else _ce_terms
-                ce, pred, g = terms(logits, y, w, need_grad)
+                ce, pred, g = terms(logits, y, need_grad)
                 kl = torch.zeros_like(ce)
-            weighted = weighted + (w * (ce + kl_weight * kl)).sum()
             if need_grad:
                 grad[sl] = (g.to(weight.dtype) @ weight).to(grad.dtype)  # [r, H]
             parts.append((ce, kl, pred, y))
@@ -126,30 +124,30 @@ class _FusedLinearLoss(torch.autograd.Function):
             ctx.save_for_backward(grad)
         ce, kl, pred, used = (torch.cat(p) for p in zip(*parts, strict=True)) if parts else (
             hidden.new_zeros(0, dtype=torch.float32), hidden.new_zeros(0, dtype=torch.float32), labels, labels)
+        row_loss = ce + kl_weight * kl
         ctx.mark_non_differentiable(ce, kl, pred, used)
-        return weighted, ce, kl, pred, used
+        return row_loss, ce, kl, pred, used
 
     @staticmethod
-    def backward(ctx, grad_weighted, *_unused):
+    def backward(ctx, grad_rows, *_unused):
         (grad,) = ctx.saved_tensors
-        return grad * grad_weighted.to(grad.dtype), None, None, None, None, None, None, None, None
+        return grad * grad_rows[:, None].to(grad.dtype), None, None, None, None, None, None, None
 
 
 def fused_linear_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     labels: torch.Tensor,
-    row_weight: torch.Tensor,
     cfg: LossConfig,
     target_hidden: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, RowTerms]:
-    """hidden: [R, H] drafter states at labelled rows; weight: [V, H] the frozen lm_head; labels,
-    row_weight: [R]; target_hidden: [R, H] the target's final state before each label (for KL or
-    target labels). Returns (sum_r w_r (ce_r + kl_weight kl_r), differentiable in hidden; RowTerms)."""
-    weighted, ce, kl, pred, used = _FusedLinearLoss.apply(
-        hidden, weight, labels, row_weight.float(), target_hidden, cfg.kl_weight, cfg.kl_temperature,
-        cfg.labels == "target", cfg.logits_chunk)
-    return weighted, RowTerms(ce, kl, pred, used)
+    """hidden: [R, H] drafter states at labelled rows; weight: [V, H] the frozen lm_head; labels: [R];
+    target_hidden: [R, H] the target's final state before each label (for KL or target labels).
+    Returns (the rows' losses ce_r + kl_weight kl_r [R] fp32, differentiable in hidden; RowTerms)."""
+    row_loss, ce, kl, pred, used = _FusedLinearLoss.apply(
+        hidden, weight, labels, target_hidden, cfg.kl_weight, cfg.kl_temperature, cfg.labels == "target",
+        cfg.logits_chunk)
+    return row_loss, RowTerms(ce, kl, pred, used)
 
 
 @dataclass
@@ -180,15 +178,14 @@ def block_loss(
     rows = label_mask  # only real labels reach the lm_head
     h = draft_hidden[rows]  # [R, H]
     th = target_hidden[rows] if target_hidden is not None else None
-    if cfg.weighting == "streak":
-        with torch.no_grad():  # the weights come from the drafter's own current predictions
-            _, first = fused_linear_loss(h.detach(), lm_weight, labels[rows], h.new_ones(h.shape[0]), cfg, th)
+    row_loss, terms = fused_linear_loss(h, lm_weight, labels[rows], cfg, th)  # [R]
+    if cfg.weighting == "streak":  # from the drafter's own current (detached) predictions
         p_grid = torch.zeros(labels.shape, device=h.device)
-        p_grid[rows] = torch.exp(-first.ce)
+        p_grid[rows] = torch.exp(-terms.ce)
         w = streak_weights(p_grid, cfg.streak_floor)[rows]
     else:
         w = static_position_weights(cfg, block_size, h.device).expand_as(labels)[rows]
-    weighted, terms = fused_linear_loss(h, lm_weight, labels[rows], w, cfg, th)
+    weighted = (w * row_loss).sum()
 
     correct_grid = torch.zeros(labels.shape, dtype=torch.bool, device=h.device)
     correct_grid[rows] = terms.pred == terms.labels
