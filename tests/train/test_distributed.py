@@ -166,12 +166,16 @@ def _rank_pid(launcher: int, rank: int) -> int | None:
     return None
 
 
-def test_a_killed_rank_ends_the_job_within_seconds_and_the_run_resumes(tiny_config, tmp_path):
-    cfg = tiny_config(train={"max_steps": 100_000, "save_every": 3})
+def start_training(cfg: Config, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """`blockdraft train` of `cfg` under torchrun (2 ranks), started; returns (job, its log)."""
     config_file = tmp_path / "config.yaml"
     config_file.write_text(dump_config(cfg))
-    log = Path(cfg.train.out_dir) / "log.jsonl"
-    job = start("-m", "blockdraft", "train", config_file, "--no-console")
+    return start("-m", "blockdraft", "train", config_file, "--no-console"), Path(cfg.train.out_dir) / "log.jsonl"
+
+
+def test_a_killed_rank_ends_the_job_within_seconds_and_the_run_resumes(tiny_config, tmp_path):
+    cfg = tiny_config(train={"max_steps": 100_000, "save_every": 3})
+    job, log = start_training(cfg, tmp_path)
     try:
         wait_for_steps(job, log, lambda records: any(r["kind"] == "checkpoint" for r in records))
         os.kill(_rank_pid(job.pid, 1), signal.SIGKILL)
@@ -194,10 +198,7 @@ def test_a_killed_rank_ends_the_job_within_seconds_and_the_run_resumes(tiny_conf
 
 def test_sigterm_to_torchrun_stops_every_rank_after_the_same_update_and_saves(tiny_config, tmp_path):
     cfg = tiny_config(train={"max_steps": 100_000, "save_every": 1000})
-    config_file = tmp_path / "config.yaml"
-    config_file.write_text(dump_config(cfg))
-    log = Path(cfg.train.out_dir) / "log.jsonl"
-    job = start("-m", "blockdraft", "train", config_file, "--no-console")
+    job, log = start_training(cfg, tmp_path)
     try:
         wait_for_steps(job, log, lambda records: sum(r["kind"] == "step" for r in records) >= 3)
         job.send_signal(signal.SIGTERM)  # as a scheduler stops a job: torchrun passes it to every rank

@@ -293,8 +293,8 @@ def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float |
     out: dict[str, float | None] = {"reserve_s": reserve_s, "first_s": times[0],
                                     "steady_s": statistics.median(times[1:]), "d2h_s": None, "first_over_d2h": None}
     if hot.device.type == "cuda":
+        nbytes = stager.nbytes
         del stager
-        nbytes = sum(t.numel() * t.element_size() for t in _tensors(state))
         src = torch.empty(nbytes, dtype=torch.uint8, device=hot.device)
         dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         copies = []
@@ -308,16 +308,6 @@ def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float |
         out["first_over_d2h"] = times[0] / out["d2h_s"]
         out["gb"] = nbytes / 1e9
     return out
-
-
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, dict):
-        return [t for v in tree.values() for t in _tensors(v)]
-    if isinstance(tree, (list, tuple)):
-        return [t for v in tree for t in _tensors(v)]
-    return []
 
 
 def render(report: dict[str, Any]) -> None:

@@ -228,6 +228,11 @@ class Stager:
         self._reserving.start()
         return self._reserving
 
+    @property
+    def nbytes(self) -> int:
+        """Host memory held by the buffers (the bytes one save copies)."""
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
     def stage(self, tree: Any) -> Any:
         if self._reserving is not None:  # a save before the buffers are ready waits for them (counted as stall)
             self._reserving.join()
