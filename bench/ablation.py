@@ -14,6 +14,13 @@ Grids (the overrides are config keys; see `blockdraft train --help` and README):
              each of the seed pipeline's broken settings, and all of them together
   demo       the demo's own settings (B=8, 2 layers) against changes that might raise tau per update
   updates    the demo's settings at more updates than its CPU budget allows: how far tau goes with steps
+  targets    candidate demo targets (vocabulary size; whether the target trained on the drafter's
+             prompt files), each at the updates a 2-core CPU makes in the demo's budget with it. Each
+             candidate is a folder under --targets made by scripts/make_demo_target.py, holding its
+             corpus from scripts/make_demo_corpus.py as corpus.jsonl.gz; the grid fixes max_steps itself
+
+The README's objective, demo and updates figures were measured with the first demo target (6.8M
+parameters; in git history); run now, those grids use the bundled target.
 """
 
 from __future__ import annotations
@@ -62,6 +69,32 @@ GRIDS: dict[str, dict[str, list[str]]] = {
         "exp_2000": [*EXP, "train.max_steps=2000"],
     },
 }
+def candidate(name: str, steps: int) -> list[str]:
+    """A candidate demo target under --targets, with its own on-policy corpus."""
+    return [f"target.path={{targets}}/{name}", f"data.train_files=[{{targets}}/{name}/corpus.jsonl.gz]",
+            f"train.max_steps={steps}"]
+
+
+# updates = 9 min / the CPU's s/update with that vocabulary and anchor count (README, issue 2)
+GRIDS["targets"] = {
+    "v8192_train": candidate("v8192_train", 480),
+    "v8192": candidate("v8192", 480),
+    "v4096": candidate("v4096", 555),
+    "v2048": candidate("v2048", 600),
+    "v2048_a16": [*candidate("v2048", 790), "train.num_anchors=16"],
+    "v2048_lr6e-3": [*candidate("v2048", 600), "optim.lr=6e-3"],
+    "h128": candidate("v4096_h128", 1120),
+    "h128_lr6e-3": [*candidate("v4096_h128", 1120), "optim.lr=6e-3"],
+    "h128_l4": [*candidate("v4096_h128_l4", 1120), "drafter.target_layer_ids=[1,2,3]"],
+    "h128_d3": [*candidate("v4096_h128", 870), "drafter.num_layers=3"],
+    "h192": candidate("v4096_h192", 745),
+    "l4_lr2e-3": [*candidate("v4096_h128_l4", 1120), "drafter.target_layer_ids=[1,2,3]", "optim.lr=2e-3"],
+    "l4_lr1.5e-3": [*candidate("v4096_h128_l4", 1120), "drafter.target_layer_ids=[1,2,3]", "optim.lr=1.5e-3"],
+    "l4_d3": [*candidate("v4096_h128_l4", 870), "drafter.target_layer_ids=[1,2,3]", "drafter.num_layers=3"],
+    "l3": [*candidate("v4096_h128_l3", 1180), "drafter.target_layer_ids=[1,2]"],
+    "l3_lr2e-3": [*candidate("v4096_h128_l3", 1180), "drafter.target_layer_ids=[1,2]", "optim.lr=2e-3"],
+    "l3_lr1.5e-3": [*candidate("v4096_h128_l3", 1180), "drafter.target_layer_ids=[1,2]", "optim.lr=1.5e-3"],
+}
 EVAL = ["target.dtype=float32", "eval.max_prompts=32", "eval.batch_size=8"]
 
 
@@ -69,7 +102,8 @@ def run_one(name: str, overrides: list[str], seed: int, args: argparse.Namespace
     out = args.out / f"{name}-s{seed}"
     cmd = [sys.executable, "-m", "blockdraft", "demo", "--out", str(out), "--minutes", "600",
            "--device", "cuda" if gpu is not None else "cpu",
-           f"train.max_steps={args.steps}", f"train.seed={seed}", f"train.compile={args.compile}", *EVAL, *overrides]
+           f"train.max_steps={args.steps}", f"train.seed={seed}", f"train.compile={args.compile}", *EVAL,
+           *(o.format(targets=args.targets) for o in overrides)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
@@ -120,6 +154,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="CPU threads per run")
     ap.add_argument("--compile", default="false", choices=["false", "auto"], help="train.compile of each run")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    ap.add_argument("--targets", type=Path, default=None, help="folder of candidate demo targets (grid targets)")
     args = ap.parse_args()
 
     import torch

@@ -1,6 +1,7 @@
 """Regenerate the demo's training corpus with the demo target itself (on-policy data, as in the
-DFlash recipe): prompts are the openings of TRAIN-split stdlib chunks, responses are the target's
-greedy continuations. Writes gzipped JSONL of {"text": prompt + response}.
+DFlash recipe): prompts are the openings of stdlib chunks from the drafter's part of the files (the
+target never trained on them), responses are the target's greedy continuations. Writes gzipped JSONL
+of {"text": prompt + response}.
 
     python scripts/make_demo_corpus.py --target src/blockdraft/assets/demo-target \
         --out src/blockdraft/assets/demo-corpus.jsonl.gz [--samples 4096]
@@ -30,13 +31,16 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=96)
     ap.add_argument("--new-tokens", type=int, default=192)
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--split", choices=["drafter", "train"], default="drafter",
+                    help="stdlib files to take prompts from (train: all the target saw too)")
+    ap.add_argument("--chunk-chars", type=int, default=600, help="one prompt per chunk of this many characters")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tok = AutoTokenizer.from_pretrained(args.target)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
 
-    chunks = [c for f in stdlib_files("train") for c in chunk_lines(read_source(f) or "", 1500)]
+    chunks = [c for f in stdlib_files(args.split) for c in chunk_lines(read_source(f) or "", args.chunk_chars)]
     stride = max(1, len(chunks) // args.samples)
     prompts = chunks[::stride][: args.samples]
     t0, written = time.time(), 0

@@ -2,10 +2,11 @@
 
     python scripts/make_demo_target.py --out src/blockdraft/assets/demo-target [--steps 3000]
 
-Steps: (1) a byte-level BPE tokenizer trained on the train split, reserving <|endoftext|> and the
-drafter's <|MASK|> token; (2) a Qwen3ForCausalLM from a config (random init) trained on packed
-windows of the train split; (3) held-out loss on the held-out files; (4) weights (bf16), tokenizer
-and a model card written to --out. Runs on a GPU when there is one (bf16 autocast), else on CPU.
+Steps: (1) a byte-level BPE tokenizer trained on the target's part of the stdlib (blockdraft.corpus),
+reserving <|endoftext|> and the drafter's <|MASK|> token; (2) a Qwen3ForCausalLM from a config
+(random init) trained on packed windows of the same files; (3) held-out loss on the held-out files;
+(4) weights (bf16), tokenizer and a model card written to --out.
+Runs on a GPU when there is one (bf16 autocast), else on CPU.
 """
 
 from __future__ import annotations
@@ -103,12 +104,14 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--eval-every", type=int, default=100, help="held-out loss on a slice, every N steps")
     ap.add_argument("--max-files", type=int, default=None, help="for a quick smoke run")
+    ap.add_argument("--split", choices=["target", "train"], default="target",
+                    help="stdlib files to train on: the target part (default) or target + drafter parts")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-    train_texts = [t for t in map(read_source, stdlib_files("train")[: args.max_files]) if t]
+    train_texts = [t for t in map(read_source, stdlib_files(args.split)[: args.max_files]) if t]
     held_texts = [t for t in map(read_source, stdlib_files("heldout")[: args.max_files]) if t]
     t0 = time.time()
     tokenizer = train_tokenizer(train_texts, args.vocab)

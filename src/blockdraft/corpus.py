@@ -1,8 +1,12 @@
-"""The demo corpus: the Python standard library's own source, split into train and held-out BY FILE.
+"""The demo corpus: the Python standard library's own source, split BY FILE into three parts.
 
-The split depends only on a file's path relative to the stdlib folder (a hash), so it is the same
-on every machine and Python version: a held-out file is never trained on, by the demo target or
-by the demo drafter.
+  target   the demo target's training text
+  drafter  prompts whose continuations BY THE TARGET the drafter trains on: the target never saw
+           these files, so its continuations are its own generalisation, as on a user's prompts
+           (continuations of files it memorised would be verbatim stdlib instead)
+  heldout  prompts for measuring tau; never trained on, by the target or by the drafter
+"train" is target + drafter. A file's part depends only on its path relative to the stdlib folder
+(a hash), so it is the same on every machine and Python version.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import sysconfig
 from pathlib import Path
 
 HELD_OUT_PERCENT = 10
+DRAFTER_PERCENT = 40
+SPLITS = ("target", "drafter", "heldout", "train")
 SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
 
@@ -20,20 +26,27 @@ def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def is_held_out(relative_path: str) -> bool:
+def part_of(relative_path: str) -> str:
+    """"target", "drafter" or "heldout" for a path relative to the stdlib folder."""
     digest = hashlib.sha256(relative_path.encode()).digest()
-    return int.from_bytes(digest[:4], "little") % 100 < HELD_OUT_PERCENT
+    bucket = int.from_bytes(digest[:4], "little") % 100
+    if bucket < HELD_OUT_PERCENT:
+        return "heldout"
+    return "drafter" if bucket < HELD_OUT_PERCENT + DRAFTER_PERCENT else "target"
 
 
 def stdlib_files(split: str, root: Path | None = None) -> list[Path]:
-    """Sorted .py files of the stdlib for `split` in {"train", "heldout"}."""
+    """Sorted .py files of the stdlib for `split`, one of SPLITS."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
     root = root or stdlib_dir()
     files = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
         if SKIP_DIRS.intersection(rel.parts[:-1]):
             continue
-        if is_held_out(rel.as_posix()) == (split == "heldout"):
+        part = part_of(rel.as_posix())
+        if part == split or (split == "train" and part != "heldout"):
             files.append(path)
     return files
 

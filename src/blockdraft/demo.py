@@ -16,14 +16,15 @@ from importlib import resources
 from pathlib import Path
 
 ASSETS = resources.files("blockdraft") / "assets"
-# Updates per minute of budget with the demo config: about 1.15 s an update on an idle 2-core CPU, 0.1 s on one
+# Updates per minute of budget with the demo config: about 0.5 s an update on an idle 2-core CPU, 0.1 s on one
 # H200. The LR schedule is planned for this many; `train.max_minutes` stops a slower machine early.
-STEPS_PER_MINUTE = {"cpu": 52, "cuda": 500}
+STEPS_PER_MINUTE = {"cpu": 120, "cuda": 500}
 CHUNK_CHARS = 1500
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--minutes", type=float, default=7.0, help="training budget in minutes (default 7)")
+    p.add_argument("--minutes", type=float, default=9.0,
+                   help="training budget in minutes (default 9: with export and evaluation, 10 on a 2-core CPU)")
     p.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. drafter.num_layers=1")

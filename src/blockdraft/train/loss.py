@@ -58,15 +58,15 @@ def _ce_terms(
     logits: torch.Tensor, labels: torch.Tensor, need_grad: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """logits [r, V] -> ce [r] (fp32 math), argmax [r], and d ce / d logits [r, V] in the logits'
-    dtype. Under torch.compile this is two passes over the logits instead of eight eager kernels."""
-    x = logits.float()
-    lse = torch.logsumexp(x, dim=-1)
-    ce = lse - x.gather(1, labels[:, None]).squeeze(1)
-    pred = x.argmax(dim=-1)
+    dtype. One fused log_softmax and an in-place exp: four passes over the logits when eager (a CPU
+    update spent a seventh of its time here with logsumexp, one-hot and out-of-place exp), two when compiled."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    ce = -logp.gather(1, labels[:, None]).squeeze(1)
+    pred = logp.argmax(dim=-1)
     if not need_grad:
         return ce, pred, None
-    onehot = torch.arange(x.shape[1], device=x.device)[None, :] == labels[:, None]
-    grad = torch.exp(x - lse[:, None]) - onehot.float()
+    grad = logp.exp_()  # softmax
+    grad[torch.arange(labels.shape[0], device=labels.device), labels] -= 1.0
     return ce, pred, grad.to(logits.dtype)
 
 
