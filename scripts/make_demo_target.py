@@ -1,6 +1,7 @@
 """Train the bundled demo target: a small Qwen3 on the Python standard library's source.
 
-    python scripts/make_demo_target.py --out src/blockdraft/assets/demo-target [--steps 3000]
+    python scripts/make_demo_target.py --out src/blockdraft/assets/demo-target --vocab 4096 --hidden 128 \
+        --layers 3 --steps 800
 
 Steps: (1) a byte-level BPE tokenizer trained on the target's part of the stdlib (blockdraft.corpus),
 reserving <|endoftext|> and the drafter's <|MASK|> token; (2) a Qwen3ForCausalLM from a config
