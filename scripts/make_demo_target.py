@@ -1,7 +1,8 @@
 """Train the bundled demo target: a small Qwen3 on the Python standard library's source.
 
-    python scripts/make_demo_target.py --out src/blockdraft/assets/demo-target --vocab 4096 --hidden 128 \
-        --layers 3 --steps 800
+    python scripts/make_demo_target.py --out src/blockdraft/assets/demo-target
+
+The defaults are the bundled target's recipe (vocab 4096, hidden 128, 3 layers, 800 steps).
 
 Steps: (1) a byte-level BPE tokenizer trained on the target's part of the stdlib (blockdraft.corpus),
 reserving <|endoftext|> and the drafter's <|MASK|> token; (2) a Qwen3ForCausalLM from a config
@@ -96,9 +97,9 @@ def heldout_loss(model: Qwen3ForCausalLM, stream: np.ndarray, seq_len: int, devi
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=800)

@@ -1,6 +1,6 @@
 """`blockdraft demo`: the embedded default, end to end, on the bundled demo target.
 
-Writes the stdlib corpus (train split) and held-out prompts (held-out files) into RUN/data, trains a
+Writes the bundled corpus and held-out prompts (held-out stdlib files) into RUN/data, trains a
 drafter within the time budget, checkpoints, exports to RUN/export, measures tau of the EXPORTED
 drafter with real speculative decoding on held-out files (an `eval` record in RUN/log.jsonl), and
 prints where everything is.
@@ -16,8 +16,9 @@ from importlib import resources
 from pathlib import Path
 
 ASSETS = resources.files("blockdraft") / "assets"
-# Updates per minute of budget with the demo config: about 0.5 s an update on an idle 2-core CPU, 0.1 s on one
-# H200. The LR schedule is planned for this many; `train.max_minutes` stops a slower machine early.
+# Updates per minute of budget with the demo config: 0.42-0.52 s an update on an idle 2-core CPU (measured); the
+# GPU figure is a plan, not measured with this target. The LR schedule is planned for this many updates;
+# `train.max_minutes` stops a slower machine early.
 STEPS_PER_MINUTE = {"cpu": 120, "cuda": 500}
 CHUNK_CHARS = 1500
 
@@ -31,8 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def write_corpus(data_dir: Path) -> tuple[Path, Path]:
-    """train.jsonl: the bundled on-policy corpus (train-split prompts, target's own continuations,
-    made by scripts/make_demo_corpus.py); heldout.jsonl: chunks of held-out stdlib files (prompts)."""
+    """train.jsonl: the bundled on-policy corpus (prompts from the drafter's stdlib files, the target's own
+    continuations; scripts/make_demo_corpus.py); heldout.jsonl: chunks of held-out stdlib files (prompts)."""
     from blockdraft.corpus import stdlib_files, write_text_jsonl
     from blockdraft.errors import UserError, make_dir
 
