@@ -22,24 +22,68 @@ def _texts(limit: int = 6) -> list[str]:
     return [t for t in map(read_source, stdlib_files("train")[:limit]) if t]
 
 
+def _save_tokenizer(path: Path, mask: bool, chat_template: str | None = None) -> PreTrainedTokenizerFast:
+    """A 320-token byte-level BPE trained on stdlib text; optional <|MASK|> and chat template."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|MASK|>"] if mask else ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<spare>"]
+    trainer = trainers.BpeTrainer(vocab_size=256 + 64, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_texts(), trainer=trainer)
+    extra = {"mask_token": "<|MASK|>"} if mask else {"additional_special_tokens": specials[1:]}
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                     **extra)
+    if chat_template:
+        hf_tok.chat_template = chat_template
+    hf_tok.save_pretrained(path)
+    return hf_tok
+
+
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory) -> Path:
     """A saved 4-layer Qwen3 causal LM with a 256-token BPE tokenizer that has <|MASK|>."""
     path = tmp_path_factory.mktemp("tiny-target")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=256 + 64, special_tokens=["<|endoftext|>", "<|MASK|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_texts(), trainer=trainer)
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                     mask_token="<|MASK|>")
-    hf_tok.save_pretrained(path)
+    hf_tok = _save_tokenizer(path, mask=True)
     torch.manual_seed(0)
     # a wide init gives the frozen lm_head logits of a trained scale, so drafters learn in a few steps
     cfg = Qwen3Config(vocab_size=len(hf_tok), architectures=["Qwen3ForCausalLM"], eos_token_id=0,
                       initializer_range=0.3, **TINY_TARGET)
     Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_target(tmp_path_factory) -> Path:
+    """SmolLM2-shaped: Llama, tied head, a chat template, no mask token (one spare special token)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    hf_tok = _save_tokenizer(path, mask=False, chat_template=CHAT_TEMPLATE)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(hf_tok), architectures=["LlamaForCausalLM"], eos_token_id=0,
+                      tie_word_embeddings=True, initializer_range=0.3, rope_theta=100000.0, **TINY_TARGET)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_target(tmp_path_factory) -> Path:
+    """Gemma-3-shaped: scaled embeddings, sliding-window and full layers with their own RoPE, <|MASK|>."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    path = tmp_path_factory.mktemp("tiny-gemma3")
+    hf_tok = _save_tokenizer(path, mask=True)
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(vocab_size=len(hf_tok), architectures=["Gemma3ForCausalLM"], eos_token_id=0,
+                           pad_token_id=0, bos_token_id=0, initializer_range=0.3, sliding_window=16,
+                           layer_types=["sliding_attention", "sliding_attention", "sliding_attention",
+                                        "full_attention"], query_pre_attn_scalar=16, **TINY_TARGET)
+    Gemma3ForCausalLM(cfg).save_pretrained(path)
     return path
 
 

@@ -109,4 +109,5 @@ def test_config_has_one_layer_type_per_drafter_layer():
     cfg = drafter_config(tc, 5, 16, [1, 9, 17, 25, 33], 7)
     assert cfg.num_hidden_layers == 5 and len(cfg.layer_types) == 5
     assert cfg.num_target_layers == 36 and cfg.block_size == 16
-    assert cfg.dflash_config == {"mask_token_id": 7, "target_layer_ids": [1, 9, 17, 25, 33]}
+    assert cfg.dflash_config == {"mask_token_id": 7, "target_layer_ids": [1, 9, 17, 25, 33],
+                                 "input_embedding_scale": 1.0, "target_hidden_states": "decoder_layer_output"}

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=False,
         help="render prompts with thinking on (enable_thinking)",
     )
-    parser.add_argument("--batch-size", type=int, default=16, metavar="N")
+    parser.add_argument("--batch-size", type=int, default=64, metavar="N",
+                        help="conversations decoded at once (a small target on a GPU wants 256 or more)")
+    parser.add_argument("--prompt-tokens", type=int, default=1024, metavar="N",
+                        help="longer prompts keep their last N tokens; sizes the static cache")
+    parser.add_argument("--cache", choices=["auto", "static", "dynamic"], default="auto",
+                        help="hf engine KV cache; auto: static (compiled, CUDA graphs) on a GPU, dynamic on CPU")
     parser.add_argument("--shard-size", type=int, default=1000, metavar="N", help="conversations per shard")
     parser.add_argument("--format", choices=["auto", "messages", "conversations", "text"], default="auto")
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
@@ -54,9 +61,14 @@ def _turns_to_write(messages: list[dict[str, str]]) -> list[int]:
 
 
 class HFEngine:
-    """Batched `generate` with left padding, on CPU or GPU."""
+    """Batched `generate` with left padding, on CPU or GPU.
 
-    def __init__(self, target: str, tokenizer: Any, device: str, seed: int):
+    With the static cache, generate compiles its decoding step into CUDA graphs, which pays only if
+    the shapes repeat: every call gets the same batch size (a short batch is padded with copies of
+    its last prompt), prompts are padded to a multiple of 64 tokens, and the cache is sized once for
+    the longest prompt plus max_new_tokens. A small target is launch-bound, so this is the 10x."""
+
+    def __init__(self, target: str, tokenizer: Any, device: str, seed: int, cache: str = "auto"):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -74,6 +86,7 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.seed = seed
         tokenizer.padding_side = "left"
+        tokenizer.truncation_side = "left"  # a long chat keeps its latest turns
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         eos = self.model.generation_config.eos_token_id
@@ -81,34 +94,45 @@ class HFEngine:
         if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
             eos.append(tokenizer.eos_token_id)
         self.eos = eos
+        self.static = cache == "static" or (cache == "auto" and device == "cuda")
 
     def reseed(self, seed: int) -> None:
         self.torch.manual_seed(seed)
 
     def generate(
-        self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float
-    ) -> list[tuple[str, bool]]:
+        self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float,
+        prompt_tokens: int, batch_size: int,
+    ) -> list[tuple[str, bool, int]]:
+        """(answer text, finished, answer tokens) per prompt; finished is False where max_new_tokens cut it."""
         from transformers import GenerationConfig
 
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        n = len(prompts)
+        if self.static and n < batch_size:
+            prompts = prompts + [prompts[-1]] * (batch_size - n)
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False,
+                             truncation=True, max_length=prompt_tokens, pad_to_multiple_of=64 if self.static else None)
+        enc = enc.to(self.device)
         sampling = (
             {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {"do_sample": False}
         )
+        cache = {"cache_implementation": "static", "max_cache_len": -(-prompt_tokens // 64) * 64 + max_new_tokens} \
+            if self.static else {}
         config = GenerationConfig(
             max_new_tokens=max_new_tokens,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=self.eos or None,
             **sampling,
+            **cache,
         )
         with self.torch.inference_mode():
             out = self.model.generate(**enc, generation_config=config)
-        new = out[:, enc["input_ids"].shape[1] :].tolist()
+        new = out[:n, enc["input_ids"].shape[1] :].tolist()
         results = []
         for ids in new:
             stop = next((k for k, t in enumerate(ids) if t in self.eos), None)
             finished = stop is not None
-            text = self.tokenizer.decode(ids[:stop] if finished else ids, skip_special_tokens=True)
-            results.append((text, finished))
+            answer = ids[:stop] if finished else ids
+            results.append((self.tokenizer.decode(answer, skip_special_tokens=True), finished, len(answer)))
         return results
 
 
@@ -128,25 +152,29 @@ class VLLMEngine:
         self.seed = seed
 
     def generate(
-        self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float
-    ) -> list[tuple[str, bool]]:
+        self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float,
+        prompt_tokens: int, batch_size: int,
+    ) -> list[tuple[str, bool, int]]:
         from vllm import SamplingParams
 
         params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=self.seed)
         token_prompts = [
-            {"prompt_token_ids": self.tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts
+            {"prompt_token_ids": self.tokenizer(p, add_special_tokens=False)["input_ids"][-prompt_tokens:]}
+            for p in prompts
         ]
         outs = self.llm.generate(token_prompts, params, use_tqdm=False)
-        return [(o.outputs[0].text, o.outputs[0].finish_reason == "stop") for o in outs]
+        return [(o.outputs[0].text, o.outputs[0].finish_reason == "stop", len(o.outputs[0].token_ids)) for o in outs]
 
 
 def regenerate_batch(
     engine: Any, tokenizer: Any, chats: list[list[dict[str, str]]], args: argparse.Namespace
-) -> list[tuple[list[dict[str, str]], bool]]:
-    """Rewrite the chats turn by turn: round k generates the k-th answer of every chat that has one."""
+) -> tuple[list[tuple[list[dict[str, str]], bool]], int]:
+    """Rewrite the chats turn by turn: round k generates the k-th answer of every chat that has one.
+    Returns (chat, finished) per chat and the number of answer tokens generated."""
     chats = [list(c) for c in chats]
     spots = [_turns_to_write(c) for c in chats]
     finished = [True] * len(chats)
+    tokens = 0
     for k in range(max((len(s) for s in spots), default=0)):
         todo = [i for i, s in enumerate(spots) if k < len(s)]
         prompts = [
@@ -155,15 +183,17 @@ def regenerate_batch(
             )
             for i in todo
         ]
-        outputs = engine.generate(prompts, args.max_new_tokens, args.temperature, args.top_p)
-        for i, (text, done) in zip(todo, outputs, strict=True):
+        outputs = engine.generate(prompts, args.max_new_tokens, args.temperature, args.top_p, args.prompt_tokens,
+                                  args.batch_size)
+        for i, (text, done, n_tokens) in zip(todo, outputs, strict=True):
+            tokens += n_tokens
             turn = {"role": "assistant", "content": text}
             if spots[i][k] == len(chats[i]):
                 chats[i].append(turn)
             else:
                 chats[i][spots[i][k]] = turn
             finished[i] = finished[i] and done
-    return list(zip(chats, finished, strict=True))
+    return list(zip(chats, finished, strict=True)), tokens
 
 
 def _read_inputs(paths: list[Path], fmt: str, skipped: dict[str, int]) -> Iterator[tuple[str, list]]:
@@ -213,18 +243,53 @@ def _write_shard(path: Path, rows: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def _progress():
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+class _Progress:
+    """A rich bar in a terminal; elsewhere (nohup, slurm, a pipe) one plain line every `every_s` seconds."""
 
-    return Progress(
-        TextColumn("regenerating"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]:.2f} samples/s"),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-    )
+    def __init__(self, total: int, every_s: float = 30.0) -> None:
+        import sys
+
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.total, self.every_s = total, every_s
+        self.done = self.tokens = 0
+        self.start = self.last_line = time.perf_counter()
+        self.bar = None
+        if sys.stderr.isatty():
+            self.bar = Progress(TextColumn("regenerating"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[rate]:,.0f} answer tok/s"), TimeRemainingColumn(),
+                                console=Console(stderr=True))
+            self.task = self.bar.add_task("regenerating", total=total, rate=0.0)
+
+    def __enter__(self) -> _Progress:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / max(1e-9, time.perf_counter() - self.start)
+
+    def line(self) -> str:
+        elapsed = time.perf_counter() - self.start
+        return (f"regenerate: {self.done}/{self.total} conversations, {self.tokens:,} answer tokens in "
+                f"{elapsed:.0f} s ({self.rate:,.0f} tok/s, {self.done / max(1e-9, elapsed):.1f} conversations/s)")
+
+    def advance(self, conversations: int, tokens: int) -> None:
+        import sys
+
+        self.done += conversations
+        self.tokens += tokens
+        if self.bar is not None:
+            self.bar.update(self.task, advance=conversations, rate=self.rate)
+        elif time.perf_counter() - self.last_line >= self.every_s:
+            self.last_line = time.perf_counter()
+            print(self.line(), file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -232,8 +297,10 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.data.reading import check_files
     from blockdraft.data.tokenize import load_tokenizer
 
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` and schedulers: report, then stop
     for name, value in (
         ("--batch-size", args.batch_size),
+        ("--prompt-tokens", args.prompt_tokens),
         ("--shard-size", args.shard_size),
         ("--max-new-tokens", args.max_new_tokens),
     ):
@@ -255,6 +322,7 @@ def run(args: argparse.Namespace) -> int:
         "top_p": args.top_p,
         "thinking": args.thinking,
         "shard_size": args.shard_size,
+        "prompt_tokens": args.prompt_tokens,
         "seed": args.seed,
     }
     _check_manifest(out, manifest)
@@ -267,34 +335,39 @@ def run(args: argparse.Namespace) -> int:
     remaining = sum(min(args.shard_size, total - k * args.shard_size) for k in todo)
     skipped: dict[str, int] = {}
     engine = None
-    written, unfinished = 0, 0
-    with _progress() as bar:
-        task = bar.add_task("regenerating", total=remaining, rate=0.0)
-        start = time.perf_counter()
-        for k, shard in enumerate(_shards(_read_inputs(paths, args.format, skipped), args.shard_size)):
-            if k not in todo:
-                continue
-            if engine is None:
-                engine = (
-                    VLLMEngine(args.target, tokenizer, args.seed)
-                    if args.engine == "vllm"
-                    else HFEngine(args.target, tokenizer, args.device, args.seed)
-                )
-            engine.reseed(args.seed + k)  # a rerun of this shard samples the same way
-            order = sorted(range(len(shard)), key=lambda i: sum(len(m["content"]) for m in shard[i][1]))
-            rows: dict[int, dict[str, Any]] = {}
-            for b in range(0, len(order), args.batch_size):
-                idx = order[b : b + args.batch_size]
-                results = regenerate_batch(engine, tokenizer, [shard[i][1] for i in idx], args)
-                for i, (chat, done) in zip(idx, results, strict=True):
-                    rows[i] = {"messages": chat, "source": shard[i][0], "finished": done}
-                    unfinished += not done
-                written += len(idx)
-                bar.update(task, advance=len(idx), rate=written / max(1e-9, time.perf_counter() - start))
-            _write_shard(out / f"shard-{k:05d}.jsonl", [rows[i] for i in range(len(shard))])
+    unfinished = 0
+    shards_written = 0
+    with _Progress(remaining) as progress:
+        try:
+            for k, shard in enumerate(_shards(_read_inputs(paths, args.format, skipped), args.shard_size)):
+                if k not in todo:
+                    continue
+                if engine is None:
+                    engine = (
+                        VLLMEngine(args.target, tokenizer, args.seed)
+                        if args.engine == "vllm"
+                        else HFEngine(args.target, tokenizer, args.device, args.seed, args.cache)
+                    )
+                engine.reseed(args.seed + k)  # a rerun of this shard samples the same way
+                order = sorted(range(len(shard)), key=lambda i: sum(len(m["content"]) for m in shard[i][1]))
+                rows: dict[int, dict[str, Any]] = {}
+                for b in range(0, len(order), args.batch_size):
+                    idx = order[b : b + args.batch_size]
+                    results, tokens = regenerate_batch(engine, tokenizer, [shard[i][1] for i in idx], args)
+                    for i, (chat, done) in zip(idx, results, strict=True):
+                        rows[i] = {"messages": chat, "source": shard[i][0], "finished": done}
+                        unfinished += not done
+                    progress.advance(len(idx), tokens)
+                _write_shard(out / f"shard-{k:05d}.jsonl", [rows[i] for i in range(len(shard))])
+                shards_written += 1
+        except KeyboardInterrupt:
+            print(f"{progress.line()}; interrupted: {shards_written} shards complete, the shard in progress is "
+                  "lost; rerun the same command to continue", file=sys.stderr)
+            raise
     print(
         f"{n_shards} shards in {out}: {len(todo)} written now, {n_shards - len(todo)} already done; "
-        f"{written} conversations regenerated ({unfinished} hit --max-new-tokens); "
+        f"{progress.done} conversations regenerated ({unfinished} hit --max-new-tokens), "
+        f"{progress.tokens:,} answer tokens at {progress.rate:,.0f} tok/s; "
         f"skipped input records: {skipped or 'none'}"
     )
     return 0

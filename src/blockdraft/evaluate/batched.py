@@ -43,6 +43,7 @@ class _Rows:
         self.cache = DynamicCache()
         self.draft_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.valid = torch.zeros(n, 0, dtype=torch.bool)
+        self.slot_pos = torch.zeros(n, 0, dtype=torch.long)  # absolute position of each cache slot
         self.start = torch.zeros(n, dtype=torch.long)  # absolute position of each row's anchor
         self.out: list[list[int]] = [[] for _ in range(n)]
         self.acceptance: list[list[int]] = [[] for _ in range(n)]
@@ -53,7 +54,7 @@ class _Rows:
         for layer in self.cache.layers:
             layer.keys, layer.values = layer.keys[sel], layer.values[sel]
         self.draft_cache = [(k[sel], v[sel]) for k, v in self.draft_cache]
-        self.valid, self.start = self.valid[sel], self.start[sel]
+        self.valid, self.start, self.slot_pos = self.valid[sel], self.start[sel], self.slot_pos[sel]
         self.index = [self.index[r] for r in rows]
 
 
@@ -67,9 +68,15 @@ def _prefill(target: Target, prompts: list[list[int]], rows: _Rows, tap: bool) -
         ids[i, : len(p)] = torch.tensor(p, device=device)
     positions = torch.arange(width, device=device).expand(len(prompts), width)
     rows.valid = positions < lengths[:, None]
+    rows.slot_pos = positions
     rows.start = lengths.clone()
-    logits, taps = _forward(target, ids, positions, attention_mask(rows.valid, width), rows.cache, tap)
+    logits, taps = _forward(target, ids, positions, _mask(target, rows, positions), rows.cache, tap)
     return logits[torch.arange(len(prompts), device=device), lengths - 1], taps
+
+
+def _mask(target: Target, rows: _Rows, q_pos: torch.Tensor):
+    """The mask of a pass whose queries are the last q_pos.shape[1] slots (sliding windows included)."""
+    return target.layer_masks(attention_mask(rows.valid, q_pos.shape[1]), q_pos, rows.slot_pos)
 
 
 def _forward(target: Target, ids, positions, mask, cache, tap: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +139,8 @@ def speculative_greedy_batch(
         draft = lm_head(hidden[:, 1:].to(lm_head.weight.dtype)).argmax(-1)  # [n, B-1]
         block_ids[:, 1:] = draft
         rows.valid = torch.cat([rows.valid, torch.ones(n, block, dtype=torch.bool, device=device)], dim=1)
-        logits, taps = _forward(target, block_ids, positions, attention_mask(rows.valid, block), rows.cache, True)
+        rows.slot_pos = torch.cat([rows.slot_pos, positions], dim=1)
+        logits, taps = _forward(target, block_ids, positions, _mask(target, rows, positions), rows.cache, True)
         verified = logits.argmax(-1)  # [n, B]
         accepted = (draft == verified[:, :-1]).to(torch.int64).cumprod(1).sum(1)  # [n]
         rows.valid[:, -block:] = offsets <= accepted[:, None]  # the anchor and the accepted drafts
@@ -140,6 +148,7 @@ def speculative_greedy_batch(
         if kept < block:  # slots no row accepted
             rows.cache.crop(-(block - kept))
             rows.valid = rows.valid[:, : rows.valid.shape[1] - block + kept]
+            rows.slot_pos = rows.slot_pos[:, : rows.valid.shape[1]]
         for r, (a, row_draft, row_verified) in enumerate(zip(accepted.tolist(), draft.tolist(), verified.tolist(),
                                                              strict=True)):
             i = rows.index[r]
@@ -173,7 +182,8 @@ def target_greedy_batch(
             rows.keep(alive)
             tokens = tokens[alive]
         rows.valid = torch.cat([rows.valid, torch.ones(len(alive), 1, dtype=torch.bool, device=device)], dim=1)
-        mask = attention_mask(rows.valid, 1)
+        rows.slot_pos = torch.cat([rows.slot_pos, rows.start[:, None]], dim=1)
+        mask = _mask(target, rows, rows.start[:, None])
         logits, _ = _forward(target, tokens[:, None], rows.start[:, None], mask, rows.cache, tap=False)
         tokens = logits[:, -1].argmax(-1)
         for r, tok in enumerate(tokens.tolist()):

@@ -27,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thinking", action="store_true", help="render chat prompts with thinking on")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
                    help="target weights (auto: bf16 on a GPU); float32 makes greedy outputs exactly comparable")
@@ -65,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     target, _, _ = load_target(args.target, drafter.target_layer_ids, device, args.dtype)
     drafter.to(target.embed_tokens.weight.dtype)
     results, target_tps = evaluate(target, drafter, prompts, args.max_new_tokens, tokenizer.eos_token_id, budgets,
-                                   args.temperature, args.seed, args.batch_size)
+                                   args.temperature, args.seed, args.batch_size,
+                                   progress=None if args.quiet else _progress_printer())
     path = results[0]
     summary = {
         "tau": path.tau,
@@ -87,6 +89,22 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_tables(summary, results)
     return 0
+
+
+def _progress_printer(every_s: float = 10.0):
+    """Progress on stderr: at most one line every `every_s` seconds, and every mode's last line."""
+    import sys
+    import time
+
+    last = [0.0]
+
+    def report(line: str, final: bool) -> None:
+        now = time.perf_counter()
+        if final or now - last[0] >= every_s:
+            last[0] = now
+            print(f"eval: {line}", file=sys.stderr, flush=True)
+
+    return report
 
 
 def _print_tables(summary: dict, results) -> None:

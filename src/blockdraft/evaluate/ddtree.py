@@ -120,7 +120,8 @@ def tree_decode(
             tree = build_tree(draft_logits.log_softmax(-1), budget)
         ids = torch.tensor([[anchor, *tree.tokens]], device=device)
         positions = torch.tensor([[start] + [start + d for d in tree.depths]], device=device)
-        mask = tree_mask(tree.parents, start, device)
+        slots = torch.cat([torch.arange(start, device=device), positions[0]])[None]  # absolute position of each
+        mask = target.layer_masks(tree_mask(tree.parents, start, device), positions, slots)
         logits, taps = _verify(target, ids, positions, mask, cache)
         path, emitted = _walk(tree, logits[0], temperature, generator)
         keep = torch.tensor([0] + [n + 1 for n in path], device=device)

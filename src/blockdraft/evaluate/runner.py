@@ -6,6 +6,7 @@ one prompt at a time."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -77,8 +78,10 @@ def evaluate(
     temperature: float = 0.0,
     seed: int = 0,
     batch_size: int = 1,
+    progress: Callable[[str, bool], None] | None = None,
 ) -> tuple[list[ModeResult], float]:
-    """Results for the single path then each budget, and target-only tokens/s (batched as the path)."""
+    """Results for the single path then each budget, and target-only tokens/s (batched as the path).
+    `progress` gets (line, last of its mode) after the baseline and each prompt (or batch) of every mode."""
     drafter.eval()
     device = target.embed_tokens.weight.device
     greedy = temperature <= 0
@@ -94,14 +97,26 @@ def evaluate(
         tree_refs = one_at_a_time() if budgets else refs
     else:
         refs = tree_refs = one_at_a_time()
+    report = progress or (lambda _line, _final: None)
+    report(f"target-only: {len(refs)} prompts, {sum(len(r.tokens) for r in refs)} tokens in "
+           f"{sum(r.seconds for r in refs):.1f} s", True)
     results = []
     for budget in [None, *budgets]:
+        name = "path" if budget is None else f"tree {budget}"
         if batched and budget is None:
-            gens = [g for c in chunks for g in speculative_greedy_batch(target, drafter, c, max_new_tokens, eos_id)]
+            decode = [lambda c=c: speculative_greedy_batch(target, drafter, c, max_new_tokens, eos_id) for c in chunks]
         elif greedy and budget is None:  # the crop-based path decoder: cheaper than a chain tree
-            gens = [speculative_greedy(target, drafter, p, max_new_tokens, eos_id) for p in prompts]
+            decode = [lambda p=p: [speculative_greedy(target, drafter, p, max_new_tokens, eos_id)] for p in prompts]
         else:
-            gens = [tree_decode(target, drafter, p, max_new_tokens, eos_id, budget, temperature, gen) for p in prompts]
+            decode = [lambda p=p, b=budget: [tree_decode(target, drafter, p, max_new_tokens, eos_id, b,
+                                                          temperature, gen)] for p in prompts]
+        gens: list[Generation] = []
+        for part in decode:
+            gens += part()
+            done = [g for g in gens if g.acceptance]
+            report(f"{name}: {len(gens)}/{len(prompts)} prompts, tau so far "
+                   f"{sum(g.tau for g in done) / max(1, len(done)):.2f}, {sum(g.seconds for g in gens):.1f} s",
+                   len(gens) == len(prompts))
         results.append(summarize(gens, refs if budget is None else tree_refs, drafter.block_size, budget, greedy))
     ref_tokens, ref_seconds = sum(len(r.tokens) for r in refs), sum(r.seconds for r in refs)
     return results, ref_tokens / ref_seconds if ref_seconds else 0.0

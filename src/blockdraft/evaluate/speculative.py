@@ -89,9 +89,10 @@ def speculative_greedy(
         block_ids[0, 1:] = draft
         logits, taps = target.step(block_ids, _positions(start, block, device), cache)
         verified = logits[0].argmax(-1)  # [B]: target's token after each prefix of the block
-        matches = (draft == verified[:-1]).to(torch.int64)
-        accepted = int(matches.cumprod(0).sum())
-        emitted = draft[:accepted].tolist() + [int(verified[accepted])]
+        accepted_t = (draft == verified[:-1]).to(torch.int64).cumprod(0).sum()
+        round_ = torch.cat([accepted_t[None], draft, verified]).tolist()  # the round's one host sync
+        accepted = round_[0]
+        emitted = round_[1 : 1 + accepted] + [round_[block + accepted]]
         out.extend(emitted)
         acceptance.append(accepted + 1)
         rejected = block - accepted - 1

@@ -192,6 +192,7 @@ def drafter_config(
     target_layer_ids: list[int],
     mask_token_id: int,
     intermediate_size: int | None = None,
+    embedding_scale: float = 1.0,
 ) -> Qwen3Config:
     """A fresh Qwen3Config for the drafter, taking only the fields it shares with the target.
 
@@ -201,6 +202,8 @@ def drafter_config(
     t = target_cfg
     head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
     rope = getattr(t, "rope_parameters", None)
+    if rope and "full_attention" in rope:  # per layer type (Gemma 3): the drafter's layers are all full
+        rope = rope["full_attention"]
     cfg = Qwen3Config(
         vocab_size=t.vocab_size,
         hidden_size=t.hidden_size,
@@ -219,5 +222,14 @@ def drafter_config(
     )
     cfg.block_size = block_size
     cfg.num_target_layers = t.num_hidden_layers
-    cfg.dflash_config = {"mask_token_id": mask_token_id, "target_layer_ids": list(target_layer_ids)}
+    cfg.dflash_config = {
+        "mask_token_id": mask_token_id,
+        "target_layer_ids": list(target_layer_ids),
+        # the target's embedding module scales its rows (Gemma: sqrt(H)); readers that take the raw table
+        # (z-lab's reference) multiply by this to feed the drafter what it trained on
+        "input_embedding_scale": float(embedding_scale),
+        # each tap is a decoder layer's own output, before the model's final norm (what vLLM reads; a
+        # tap on the last layer read after the norm, as hidden_states[-1] is, is another input)
+        "target_hidden_states": "decoder_layer_output",
+    }
     return cfg

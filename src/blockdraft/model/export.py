@@ -32,9 +32,14 @@ def save_drafter(
     cfg = config if isinstance(config, Qwen3Config) else config_from_dict(config)
     cfg_dict = cfg.to_dict()
     cfg_dict["dtype"] = str(dtype).removeprefix("torch.")
+    rope = cfg_dict.get("rope_parameters") or {}
+    if rope.get("rope_theta") is not None:
+        cfg_dict["rope_theta"] = rope["rope_theta"]  # also top level: readers of the older layout look there
     (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
     save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
+    for name in ("config.json", "model.safetensors"):
+        (out_dir / name).chmod(0o644)  # a serving process under another user reads them
     return out_dir
 
 

@@ -26,27 +26,58 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-def find_mask_token_id(tokenizer, vocab_rows: int, configured: int | None) -> int:
-    """The mask token must be a real row of the target's embedding table (DFLASH.md)."""
+def _spare_special_tokens(tokenizer) -> list[tuple[int, str]]:
+    """Special tokens no text, chat template or generation needs: candidates for the mask token.
+    bos/eos/pad/unk and every token the chat template writes are excluded; names that say "unused",
+    "reserved", "empty" or "mask" come first, then the highest id (special tokens added last are
+    the least used)."""
+    reserved = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+    template = getattr(tokenizer, "chat_template", None) or ""
+    spare = [(i, t.content) for i, t in tokenizer.added_tokens_decoder.items()
+             if t.special and i not in reserved and t.content not in template]
+    hints = ("unused", "reserved", "empty", "mask")
+    return sorted(spare, key=lambda it: (not any(h in it[1].lower() for h in hints), -it[0]))
+
+
+def resolve_mask_token(tokenizer, vocab_rows: int, tied_head: bool, configured: int | None) -> tuple[int, str | None]:
+    """The drafter's mask token: a real row of the target's embedding table (DFLASH.md), decided
+    before any data is tokenised or weights are loaded. Returns (id, note): the note says what was
+    chosen when the config did not say, for the log and the console."""
     if configured is not None:
-        token_id = configured
-    elif tokenizer.mask_token_id is not None:
-        token_id = tokenizer.mask_token_id
-    else:
+        if not 0 <= configured < vocab_rows:
+            spare = _spare_special_tokens(tokenizer)
+            hint = (f"leave drafter.mask_token_id unset to use the tokenizer's mask token or a spare special token "
+                    f"(this one has e.g. id {spare[0][0]} {spare[0][1]!r})" if spare else
+                    "leave drafter.mask_token_id unset, or choose an id below the table size")
+            raise UserError(
+                f"drafter.mask_token_id={configured} is outside the target's embedding table ({vocab_rows} rows: "
+                f"ids 0..{vocab_rows - 1}); an id from another model's recipe does not carry over; {hint}"
+            )
+        return configured, None
+    token_id = tokenizer.mask_token_id
+    if token_id is None:
         vocab = tokenizer.get_vocab()
         token_id = next((vocab[name] for name in MASK_TOKEN_NAMES if name in vocab), None)
-    if token_id is None:
-        raise UserError(
-            "the target's tokenizer has no mask token; add one and resize the embeddings: "
-            "tok.add_special_tokens({'mask_token': '<|MASK|>'}); model.resize_token_embeddings(len(tok)); "
-            "save both, or set drafter.mask_token_id to an unused row of the embedding table"
-        )
-    if not 0 <= token_id < vocab_rows:
-        raise UserError(
-            f"mask token id {token_id} is outside the target's embedding table ({vocab_rows} rows); "
-            "resize the embeddings (model.resize_token_embeddings(len(tokenizer))) and save the target"
-        )
-    return token_id
+    if token_id is not None and 0 <= token_id < vocab_rows:
+        return token_id, None
+    spare = [(i, name) for i, name in _spare_special_tokens(tokenizer) if i < vocab_rows]
+    if spare:
+        i, name = spare[0]
+        return i, (f"the target has no mask token; the drafter uses id {i} {name!r}, a special token that no "
+                   "text or chat template writes (its embedding row only marks the positions to draft); "
+                   "set drafter.mask_token_id to choose another")
+    if tied_head:
+        advice = ("its head is tied to the embeddings, so adding a row changes the target's output; set "
+                  "drafter.mask_token_id to a token that never occurs in your data")
+    else:
+        advice = ("add one and save the target: tok.add_special_tokens({'mask_token': '<|MASK|>'}); "
+                  "model.resize_token_embeddings(len(tok)); or set drafter.mask_token_id to an unused row")
+    raise UserError(f"the target's tokenizer has no mask token and no spare special token; {advice}")
+
+
+def text_config(hf_config):
+    """The decoder's config (a multimodal config such as Gemma3Config keeps it in text_config)."""
+    return hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
 
 
 class Target(nn.Module):
@@ -80,6 +111,25 @@ class Target(nn.Module):
     @property
     def lm_head(self) -> nn.Module:
         return self.model.get_output_embeddings()
+
+    @property
+    def embedding_scale(self) -> float:
+        """What the embedding module multiplies its rows by (Gemma: sqrt(H)); 1 for most models."""
+        scale = getattr(self.embed_tokens, "scalar_embed_scale", getattr(self.embed_tokens, "embed_scale", 1.0))
+        return float(scale.item() if isinstance(scale, torch.Tensor) else scale)
+
+    def layer_masks(
+        self, visible: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """An explicit attention mask for the target, sliding windows included.
+        visible: bool [n, 1, Q, K]; q_pos: [n, Q] and k_pos: [n, K] absolute positions of the queries
+        and of the cache slots. HF takes a 4D mask as is, so a model with sliding-window layers (Gemma 3)
+        gets one mask per layer type, the sliding one also hiding keys `sliding_window` or more back."""
+        window = getattr(self.config, "sliding_window", None)
+        if not window or "sliding_attention" not in (getattr(self.config, "layer_types", None) or []):
+            return visible
+        near = (q_pos[:, None, :, None] - k_pos[:, None, None, :]) < window
+        return {"full_attention": visible, "sliding_attention": visible & near}
 
     def compile_features(self) -> None:
         """torch.compile the forward of each layer up to the last tap, for `features` only (decoding,

@@ -31,7 +31,7 @@ from blockdraft.errors import UserError, make_dir
 from blockdraft.evaluate.prompts import heldout_prompts
 from blockdraft.evaluate.runner import evaluate as evaluate_modes
 from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_target
-from blockdraft.model.target import find_mask_token_id, load_target
+from blockdraft.model.target import load_target, resolve_mask_token, text_config
 from blockdraft.telemetry.console import TrainConsole
 from blockdraft.telemetry.log import SCHEMA, RunLog
 from blockdraft.train import distributed
@@ -95,13 +95,24 @@ class Trainer:
         resume_from = self._newest_readable_checkpoint() if resume else None
         _, tokenizer, hf_cfg = load_target(cfg.target.path, None, self.device)
         self.tokenizer = tokenizer
+        d = cfg.drafter
+        text_cfg = text_config(hf_cfg)
+        layer_ids = d.target_layer_ids or default_layer_ids(text_cfg.num_hidden_layers, d.num_taps)
+        self._setup_notes: list[tuple[str, str, str]] = []  # (code, severity, message) for the log
+        if text_cfg.num_hidden_layers - 1 in layer_ids:
+            self._setup_notes.append(("last_layer_tap", "warning",
+                f"drafter.target_layer_ids taps the target's last layer ({text_cfg.num_hidden_layers - 1}): serving "
+                "engines read it differently (vLLM before the final norm, as blockdraft trains; z-lab's reference "
+                "and transformers' hidden_states[-1] after it; SGLang not at all); the default rule stops at L-3"))
+        mask_id, mask_note = resolve_mask_token(tokenizer, text_cfg.vocab_size,
+                                                bool(getattr(text_cfg, "tie_word_embeddings", False)), d.mask_token_id)
+        if mask_note:
+            self._setup_notes.append(("mask_token_chosen", "info", mask_note))
         self.dataset, self.data_report = self._prepare_data(tokenizer)
 
-        d = cfg.drafter
-        layer_ids = d.target_layer_ids or default_layer_ids(hf_cfg.num_hidden_layers, d.num_taps)
         self.target, _, _ = load_target(cfg.target.path, layer_ids, self.device, cfg.target.dtype)
-        mask_id = find_mask_token_id(tokenizer, self.target.embed_tokens.weight.shape[0], d.mask_token_id)
-        dcfg = drafter_config(hf_cfg, d.num_layers, d.block_size, layer_ids, mask_id, d.intermediate_size)
+        dcfg = drafter_config(text_cfg, d.num_layers, d.block_size, layer_ids, mask_id, d.intermediate_size,
+                              self.target.embedding_scale)
         self.drafter = DFlashDrafter(dcfg).to(self.device)
         if d.init_from_target:
             init_from_target(self.drafter, self.target.decoder_layers, self.target.backbone.norm)
@@ -344,6 +355,10 @@ class Trainer:
         self._record_start(log)
         for message in self._startup_warnings:
             log.write("warning", self.step, code="checkpoint_damaged", severity="warning", message=message)
+        for code, severity, message in self._setup_notes:
+            log.write("warning", self.step, code=code, severity=severity, message=message)
+            if main:
+                print(f"{severity}: {message}", file=sys.stderr)
         if self._world_note:
             log.write("warning", self.step, code="world_size_changed", severity="info", message=self._world_note)
         handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -1,0 +1,106 @@
+"""Targets other than Qwen3, as a user brings them: a SmolLM2-shaped Llama (tied head, chat template,
+no mask token) and a Gemma-3-shaped model (scaled embeddings, sliding-window layers, RoPE per layer
+type). Each trains, exports, and decodes losslessly; the export decodes the same tokens with z-lab's
+reference implementation (`dflash`, when installed)."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from blockdraft.cli import main
+from blockdraft.evaluate.runner import evaluate
+from blockdraft.evaluate.speculative import speculative_greedy
+from blockdraft.model.export import load_drafter
+from blockdraft.model.target import load_target, resolve_mask_token
+from blockdraft.train.loop import Trainer
+from tests.conftest import make_config
+
+ARCHES = ["tiny_llama_target", "tiny_gemma3_target"]
+
+
+@pytest.fixture(scope="module", params=ARCHES)
+def exported(request, tiny_corpus, tmp_path_factory):
+    """(target folder, run config, export folder) after a 4-update run."""
+    target = request.getfixturevalue(request.param)
+    root = tmp_path_factory.mktemp(request.param)
+    cfg = make_config(target, tiny_corpus, root, train={"max_steps": 4, "save_every": 100})
+    trainer = Trainer(cfg, show_console=False)
+    trainer.run()
+    trainer.prefetcher.close()
+    out = root / "export"
+    assert main(["export", cfg.train.out_dir, "--out", str(out), "--dtype", "float32"]) == 0
+    return target, cfg, out
+
+
+def test_llama_without_mask_token_gets_a_spare_special_token(tiny_llama_target):
+    _, tok, hf_cfg = load_target(tiny_llama_target, None, torch.device("cpu"))
+    token_id, note = resolve_mask_token(tok, hf_cfg.vocab_size, True, None)
+    assert tok.convert_ids_to_tokens(token_id) == "<spare>"  # not eos/pad, not written by the chat template
+    assert "no mask token" in note and "drafter.mask_token_id" in note
+
+
+def test_a_mask_id_from_another_recipe_fails_before_any_work(tiny_llama_target, tiny_corpus, tmp_path, capsys):
+    cfg = make_config(tiny_llama_target, tiny_corpus, tmp_path, drafter={"mask_token_id": 151669})
+    with pytest.raises(Exception) as err:
+        Trainer(cfg, show_console=False)
+    assert "outside the target's embedding table" in str(err.value) and "spare special token" in str(err.value)
+    assert not (tmp_path / "cache").exists()  # refused before the data was tokenised
+
+
+def test_training_logs_the_chosen_mask_token(tiny_llama_target, tiny_corpus, tmp_path):
+    cfg = make_config(tiny_llama_target, tiny_corpus, tmp_path, train={"max_steps": 1})
+    trainer = Trainer(cfg, show_console=False)
+    trainer.run()
+    trainer.prefetcher.close()
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    codes = [r.get("code") for r in records if r["kind"] == "warning"]
+    assert "mask_token_chosen" in codes
+
+
+def test_export_carries_what_readers_need(exported):
+    target, _, out = exported
+    config = json.loads((out / "config.json").read_text())
+    dflash = config["dflash_config"]
+    assert dflash["target_hidden_states"] == "decoder_layer_output"
+    target_cfg = json.loads((target / "config.json").read_text())
+    if target_cfg["model_type"].startswith("gemma3"):
+        assert dflash["input_embedding_scale"] == pytest.approx(target_cfg["hidden_size"] ** 0.5)
+        assert config["rope_theta"] == target_cfg["rope_parameters"]["full_attention"]["rope_theta"]
+    else:
+        assert dflash["input_embedding_scale"] == 1.0
+        assert config["rope_theta"] == target_cfg["rope_parameters"]["rope_theta"]
+
+
+def _prompts(tok, n=3):
+    texts = ["def parse(text):\n    ", "import os\n\nclass Path:\n", "for item in items:\n    if item"]
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts[:n]]
+
+
+def test_decoding_is_lossless_on_every_mode(exported):
+    target_dir, cfg, out = exported
+    drafter = load_drafter(out)
+    target, tok, _ = load_target(target_dir, drafter.target_layer_ids, torch.device("cpu"), "float32")
+    prompts = _prompts(tok)
+    for batch_size in (1, 3):
+        results, _ = evaluate(target, drafter, prompts, 24, None, [8], batch_size=batch_size)
+        assert all(r.lossless for r in results), [(r.mode, r.budget) for r in results if not r.lossless]
+        assert all(r.tokens == 24 * len(prompts) for r in results)
+
+
+def test_zlab_reference_accepts_the_same_tokens(exported, monkeypatch):
+    """z-lab's own decoder reads our export and emits the same tokens and acceptance lengths (fp32)."""
+    model_mod = pytest.importorskip("dflash.model")
+    monkeypatch.setattr(model_mod, "_cuda_time", time.perf_counter)  # its stats timer syncs CUDA
+    target_dir, _, out = exported
+    drafter = load_drafter(out)
+    target, tok, _ = load_target(target_dir, drafter.target_layer_ids, torch.device("cpu"), "float32")
+    reference = model_mod.DFlashDraftModel.from_pretrained(str(out), dtype=torch.float32).eval()
+    for prompt in _prompts(tok):
+        ours = speculative_greedy(target, drafter, prompt, 24, None)
+        theirs = model_mod.dflash_generate(reference, target.model, torch.tensor([prompt]), 24, None,
+                                           return_stats=True)
+        new = theirs.output_ids[0, len(prompt):].tolist()
+        assert new[: len(ours.tokens)] == ours.tokens
+        assert theirs.acceptance_lengths[: len(ours.acceptance)] == ours.acceptance
