@@ -143,3 +143,13 @@ def test_bom_gzip_string_turns_and_folders(tmp_path, qwen_tok):
     assert dataset.sample(0)[0].tolist() == dataset.sample(1)[0].tolist()
     with pytest.raises(UserError, match="folder"):
         prepare_dataset(data_cfg(tmp_path), qwen_tok, [str(tmp_path)])
+
+
+def test_a_folder_stands_for_its_data_files(tmp_path):
+    from blockdraft.data.reading import check_files
+
+    (tmp_path / "shard-00001.jsonl").write_text("{}\n")
+    (tmp_path / "shard-00000.jsonl").write_text("{}\n")
+    (tmp_path / "manifest.json").write_text("{}")  # regenerate's settings, not data
+    (tmp_path / "shard-00002.jsonl.tmp").write_text("")  # a shard still being written
+    assert [p.name for p in check_files([str(tmp_path)])] == ["shard-00000.jsonl", "shard-00001.jsonl"]

@@ -160,14 +160,22 @@ def parse_item(item: bytes | Any, fmt: str, require_assistant: bool = True) -> R
 Chunk = list[tuple[int, Any]]
 
 
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".pq")
+
+
 def check_files(files: list[str]) -> list[Path]:
     if not files:
         raise UserError("no data files given (set data.train_files or pass FILE arguments)")
     paths = []
     for name in files:
         path = Path(name)
-        if path.is_dir():
-            raise UserError(f"data file is a folder, not a file: {name}")
+        if path.is_dir():  # a folder: its data files (e.g. `blockdraft regenerate`'s shards), in name order
+            found = sorted(f for f in path.iterdir()
+                           if f.is_file() and f.suffix.lower() in DATA_SUFFIXES and f.name != "manifest.json")
+            if not found:
+                raise UserError(f"data folder {name} holds no {'/'.join(DATA_SUFFIXES)} files")
+            paths.extend(found)
+            continue
         if not path.is_file():
             raise UserError(f"data file not found: {name}")
         paths.append(path)

@@ -35,6 +35,7 @@ from blockdraft.model.target import load_target, resolve_mask_token, text_config
 from blockdraft.telemetry.console import TrainConsole
 from blockdraft.telemetry.log import SCHEMA, RunLog
 from blockdraft.train import distributed
+from blockdraft.train.budget import TimeBudget
 from blockdraft.train.checkpoint import (
     AsyncCheckpointer,
     LoadedCheckpoint,
@@ -124,6 +125,7 @@ class Trainer:
         per_epoch = max(1, self.sampler.batches_per_epoch // cfg.train.grad_accum)
         self.total_steps = cfg.train.max_steps or max(1, math.ceil(cfg.train.epochs * per_epoch))
         self.warmup_steps = total_warmup_steps(cfg.optim, self.total_steps)
+        self.budget = TimeBudget(cfg.train.max_minutes * 60 if cfg.train.max_minutes else None)
         self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim, self.device)
         self.prefetcher = Prefetcher(self.dataset, self.sampler, depth=cfg.data.prefetch_depth,
                                      pin_memory=self.device.type == "cuda", prepare=self.hot.prepare)
@@ -152,6 +154,30 @@ class Trainer:
             distributed.barrier()
         return prepared
 
+    def _apply_plan(self, total_steps: int) -> None:
+        self.total_steps = total_steps
+        self.warmup_steps = min(self.warmup_steps, total_warmup_steps(self.cfg.optim, total_steps))
+
+    def _plan_time(self, log: RunLog, console: TrainConsole, update_s: float, elapsed_s: float) -> None:
+        """Compilation shown once it is paid; the schedule shortened to the time budget when needed."""
+        if self.budget.max_seconds is None and self.step != 1:
+            return
+        if self.step == 1 and self.device.type == "cuda":
+            console.note(f"update 1 took {update_s:.0f} s (compiling the target and drafter; later updates reuse it)",
+                         style="cyan")
+        plan = self.budget.observe(self.step, update_s, elapsed_s, self.total_steps)
+        if plan is None:
+            return
+        message = (f"train.max_minutes={self.cfg.train.max_minutes:g} holds {plan.total_steps} updates at "
+                   f"{plan.median_update_s:.2f} s each (update 1 took {plan.first_update_s:.0f} s), not the "
+                   f"{self.total_steps} planned: the LR schedule now ends at update {plan.total_steps}")
+        self._apply_plan(plan.total_steps)
+        console.total = plan.total_steps
+        log.write("warning", self.step, code="schedule_planned", severity="info", message=message,
+                  total_steps=plan.total_steps, first_update_s=plan.first_update_s,
+                  median_update_s=plan.median_update_s)
+        console.note(message, style="cyan")
+
     def _newest_readable_checkpoint(self) -> LoadedCheckpoint | None:
         """The newest committed checkpoint that loads; a damaged one is reported and passed over."""
         for path in reversed(committed_checkpoints(self.ckpt_root)):
@@ -177,6 +203,10 @@ class Trainer:
         if "cuda" in state["rng"] and self.device.type == "cuda":  # this device's: the world size may differ
             torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
         self.skip_list = set(state.get("skip_list", []))
+        if "budget" in state:
+            self.budget.load_state_dict(state["budget"])
+            if self.budget.plan is not None and self.budget.plan.total_steps < self.total_steps:
+                self._apply_plan(self.budget.plan.total_steps)
         if saved_world != self.world:
             self._world_note = (
                 f"checkpoint written by {saved_world} ranks, resumed on {self.world}: weights, optimizer, step and "
@@ -193,7 +223,8 @@ class Trainer:
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         trainer_state = {"step": self.step, "data": self.prefetcher.state_dict(), "rng": rng,
-                         "skip_list": sorted(self.skip_list), "world_size": self.world}
+                         "skip_list": sorted(self.skip_list), "world_size": self.world,
+                         "budget": self.budget.state_dict()}
         if self.dp.distributed:  # live shards: the ShardedCheckpointer stages them itself
             model, optim = distributed.state_dicts(self.drafter, self.optimizer)
         else:
@@ -389,6 +420,7 @@ class Trainer:
                     )
                     # a guarded step is logged under the update number it would have had
                     console.step(log.write("step", self.step + rec["skipped"], **rec))
+                    self._plan_time(log, console, step_time, time.time() - t_start)
                     self.report_saves(log, console)
                     if rec["skipped"]:
                         self._guarded(log, console, rec, micro)
