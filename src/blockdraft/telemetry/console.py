@@ -16,7 +16,7 @@ import time
 from collections import deque
 from typing import Any, TextIO
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -90,7 +90,7 @@ class TrainConsole:
     def __enter__(self) -> TrainConsole:
         self._t0 = time.time()
         if self.enabled and self.terminal:
-            self._live = Live(console=self.console, refresh_per_second=4, get_renderable=self._render)
+            self._live = Live(self, console=self.console, refresh_per_second=4)  # redrawn: the clock ticks
             self._live.__enter__()
         return self
 
@@ -98,7 +98,7 @@ class TrainConsole:
         if self._live is not None:
             self._live.__exit__(*exc)
             self._live = None
-        elif self.enabled and self._unprinted:
+        elif self.enabled and not self.terminal and self._unprinted:
             self._plain(self.status_line())
 
     def step(self, rec: dict[str, Any]) -> None:
@@ -110,7 +110,7 @@ class TrainConsole:
         self._skips += bool(rec.get("skipped"))
         self._rec = rec
         self._unprinted = True
-        if self._live is None and (self._last_line_at is None or now - self._last_line_at >= self.log_every_s):
+        if not self.terminal and (self._last_line_at is None or now - self._last_line_at >= self.log_every_s):
             self._plain(self.status_line())
 
     def note(self, message: str, style: str = "yellow") -> None:
@@ -118,7 +118,7 @@ class TrainConsole:
         comes first, so each checkpoint and eval shows where the run stood."""
         if not self.enabled:
             return
-        if self._live is not None:
+        if self.terminal:
             self.console.print(Text(message, style=style))
             return
         if self._unprinted:
@@ -153,14 +153,16 @@ class TrainConsole:
         progress, stats = self._parts()
         return f"{progress}  {stats}"
 
-    def _render(self) -> RenderableType:
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        """Two lines, each cropped to the terminal: the bar with where the run is, then the metrics."""
         progress, stats = self._parts()
         k = (self._rec or {}).get("step", 0)
         head = Table.grid(padding=(0, 1))
         head.add_column(no_wrap=True)
         head.add_column(no_wrap=True, overflow="ellipsis")
-        head.add_row(ProgressBar(total=max(self.total, 1), completed=k, width=30), Text(progress))
-        return Group(head, Text(stats, no_wrap=True, overflow="ellipsis"))
+        bar_width = max(10, min(30, options.max_width - len(progress) - 1))  # the text keeps its room first
+        head.add_row(ProgressBar(total=max(self.total, 1), completed=k, width=bar_width), Text(progress))
+        yield Group(head, Text(stats, no_wrap=True, overflow="ellipsis"))
 
     def _plain(self, line: str) -> None:
         stream = self.stream or sys.stdout
