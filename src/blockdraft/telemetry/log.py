@@ -59,7 +59,8 @@ class RunLog:
                 sink.write(record)
             except Exception as exc:  # any library error: the run and its log go on without this tracker
                 self._sinks.remove(sink)
-                message = f"tracker {sink.name} stopped after an error, the run goes on: {type(exc).__name__}: {exc}"
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                message = f"tracker {sink.name} stopped after an error, the run goes on: {type(exc).__name__}: {first}"
                 print(f"warning: {message}", file=sys.stderr)
                 self.write("warning", step, code="tracker_failed", severity="warning", message=message)
         if self._watcher is not None and not self._watching:
