@@ -186,7 +186,7 @@ class TrackioSink:
 
     def close(self) -> None:
         if self._run is not None:
-            self._run.finish()
+            self._trackio.finish()  # the module's finish, which also clears the run its exit hook would finish
             self._run = None
 
 
