@@ -7,6 +7,7 @@ being silently ignored four days into a run.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,6 +15,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from blockdraft.errors import UserError
+from blockdraft.model.locate import looks_like_hub_id
+
+TrackerName = Literal["tensorboard", "wandb", "trackio", "mlflow"]
 
 
 class Section(BaseModel):
@@ -21,7 +25,7 @@ class Section(BaseModel):
 
 
 class TargetConfig(Section):
-    path: str = Field(description="local Hugging Face causal-LM folder (weights + tokenizer)")
+    path: str = Field(description="Hugging Face causal-LM folder (weights + tokenizer), or a hub id in the local cache")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
 
 
@@ -111,6 +115,9 @@ class TrainConfig(Section):
         "ddp", description="under torchrun: DDP replicates the drafter, FSDP2 shards its weights and AdamW state"
     )
     dist_timeout_s: float = Field(600.0, gt=0, description="a collective waiting this long for a rank fails the run")
+    trackers: list[TrackerName] = Field(
+        default_factory=list, description="experiment trackers fed from the run log (docs/trackers.md)")
+    log_every_s: float = Field(30.0, gt=0, description="without a terminal, one progress line this often")
 
 
 class EvalConfig(Section):
@@ -211,8 +218,36 @@ def build_config(raw: dict[str, Any], overrides: list[str] | None = None) -> Con
         raise UserError(_format_validation_error(exc)) from None
 
 
+# Paths a config file may hold. Relative ones are read against the file's folder, so a config works
+# from any directory; paths given as overrides stay relative to the current directory.
+CONFIG_PATHS = ("target.path", "data.train_files", "data.cache_dir", "train.out_dir", "eval.prompts")
+
+
+def _against(text: str, base: Path, hub_id_ok: bool) -> str:
+    path = Path(text).expanduser()
+    if path.is_absolute() or (hub_id_ok and looks_like_hub_id(text) and not (base / path).exists()):
+        return str(path)
+    return os.path.normpath(base / path)
+
+
+def resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Make the CONFIG_PATHS of a raw config file absolute against `base`, its folder. A target that
+    is no folder there but reads as a hub id (`owner/name`) is left for the hub cache lookup."""
+    for dotted in CONFIG_PATHS:
+        section, key = dotted.split(".")
+        node = raw.get(section)
+        if not isinstance(node, dict):
+            continue
+        value = node.get(key)
+        if isinstance(value, str):
+            node[key] = _against(value, base, hub_id_ok=dotted == "target.path")
+        elif isinstance(value, list):
+            node[key] = [_against(v, base, False) if isinstance(v, str) else v for v in value]
+    return raw
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config; relative paths inside it stay relative to the current directory."""
+    """Read a YAML config; relative paths inside it are relative to its folder (CONFIG_PATHS)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
@@ -222,7 +257,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         raise UserError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: the top level must be a mapping of sections")
-    return build_config(raw, overrides)
+    return build_config(resolve_paths(raw, path.resolve().parent), overrides)
 
 
 def dump_config(cfg: Config) -> str:

@@ -16,6 +16,7 @@ from torch import nn
 
 from blockdraft.data.tokenize import load_tokenizer
 from blockdraft.errors import UserError
+from blockdraft.model.locate import locate_model
 
 MASK_TOKEN_NAMES = ("<|MASK|>", "<|mask|>", "<mask>", "[MASK]")
 
@@ -189,7 +190,7 @@ def load_target(path: str | Path, layer_ids: list[int] | None, device: torch.dev
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    path = Path(path)
+    path = locate_model(path)
     if not path.is_dir():
         raise UserError(f"target folder not found: {path}")
     if not (path / "config.json").is_file():

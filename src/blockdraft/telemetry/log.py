@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from blockdraft.telemetry.trackers import Sink
 
 SCHEMA = 1
 
@@ -30,14 +34,18 @@ def _clean(value: Any, path: str, bad: list[str]) -> Any:
 
 class RunLog:
     """Append-only writer for RUN/log.jsonl (rank 0 only). `watcher`, if given, sees every record
-    after it is written (the trainer's live doctor); records it writes itself are not shown to it."""
+    after it is written (the trainer's live doctor); records it writes itself are not shown to it.
+    `sinks` (experiment trackers) get every record once it is on disk; a sink that raises is dropped
+    with a `tracker_failed` warning, so a tracker can never stop a run."""
 
-    def __init__(self, path: Path, watcher: Callable[[RunLog, dict[str, Any]], None] | None = None) -> None:
+    def __init__(self, path: Path, watcher: Callable[[RunLog, dict[str, Any]], None] | None = None,
+                 sinks: Sequence[Sink] = ()) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fh: TextIO = path.open("a", encoding="utf-8")
         self._watcher = watcher
         self._watching = False
+        self._sinks = list(sinks)
 
     def write(self, kind: str, step: int, **fields: Any) -> dict[str, Any]:
         bad: list[str] = []
@@ -46,6 +54,15 @@ class RunLog:
             record["nonfinite"] = bad
         self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
         self._fh.flush()
+        for sink in list(self._sinks):
+            try:
+                sink.write(record)
+            except Exception as exc:  # any library error: the run and its log go on without this tracker
+                self._sinks.remove(sink)
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                message = f"tracker {sink.name} stopped after an error, the run goes on: {type(exc).__name__}: {first}"
+                print(f"warning: {message}", file=sys.stderr)
+                self.write("warning", step, code="tracker_failed", severity="warning", message=message)
         if self._watcher is not None and not self._watching:
             self._watching = True
             try:
@@ -55,6 +72,8 @@ class RunLog:
         return record
 
     def close(self) -> None:
+        for sink in self._sinks:
+            sink.close()
         self._fh.close()
 
 

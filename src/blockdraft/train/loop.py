@@ -34,6 +34,7 @@ from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_ta
 from blockdraft.model.target import load_target, resolve_mask_token, text_config
 from blockdraft.telemetry.console import TrainConsole
 from blockdraft.telemetry.log import SCHEMA, RunLog
+from blockdraft.telemetry.trackers import open_trackers
 from blockdraft.train import distributed
 from blockdraft.train.budget import TimeBudget
 from blockdraft.train.checkpoint import (
@@ -380,9 +381,10 @@ class Trainer:
         if main:
             (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         console = TrainConsole(self.total_steps, cfg.train.epochs if not cfg.train.max_steps else 0,
-                               enabled=self.show_console and main)
+                               enabled=self.show_console and main, log_every_s=cfg.train.log_every_s)
         log = RunLog(self.run_dir / "log.jsonl" if main else Path(os.devnull),
-                     watcher=live_doctor(console) if main else None)
+                     watcher=live_doctor(console) if main else None,
+                     sinks=open_trackers(cfg.train.trackers, self.run_dir) if main else ())
         self._record_start(log)
         for message in self._startup_warnings:
             log.write("warning", self.step, code="checkpoint_damaged", severity="warning", message=message)

@@ -1,0 +1,250 @@
+"""Experiment trackers (TensorBoard, W&B, Trackio, MLflow), fed from the run log.
+
+log.jsonl stays the source of truth: each tracker is a `Sink` that the RunLog hands every record
+once it is on disk, and that turns the kinds it knows into its library's calls: `run_start` opens a
+run with the resolved config as hyperparameters, `step`, `eval` and `checkpoint` become metrics at
+their step, `run_end` closes the run with its status. Each library is an optional extra, imported
+only when its tracker is asked for, and each writes locally unless its own settings say otherwise
+(see docs/trackers.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any, Protocol, get_args
+
+import yaml
+
+from blockdraft.config import TrackerName
+from blockdraft.errors import UserError
+
+TRACKERS: tuple[str, ...] = get_args(TrackerName)
+METRIC_KINDS = {"step": "train", "eval": "eval", "checkpoint": "checkpoint"}  # record kind -> metric prefix
+_NOT_METRICS = {"kind", "time", "step"}
+
+
+class Sink(Protocol):
+    """What the RunLog fans records out to."""
+
+    name: str
+
+    def write(self, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def require_trackers(names: list[str]) -> None:
+    """Fail at once, in one line, when a tracker's library is not installed."""
+    missing = [n for n in dict.fromkeys(names) if importlib.util.find_spec(n) is None]
+    if missing:
+        extras = ",".join(missing)
+        raise UserError(f"train.trackers: {', '.join(missing)} not installed; pip install 'blockdraft[{extras}]'")
+
+
+def metrics(record: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a step, eval or checkpoint record, named `prefix/field` (`train/loss`,
+    `eval/tau`, `checkpoint/stall_s`); a list of numbers becomes `prefix/field/1`, `/2`, ..."""
+    prefix = METRIC_KINDS.get(record["kind"])
+    if prefix is None:
+        return {}
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        if key in _NOT_METRICS:
+            continue
+        if isinstance(value, (bool, int, float)):
+            out[f"{prefix}/{key}"] = float(value)
+        elif isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value):
+            out.update({f"{prefix}/{key}/{i}": float(v) for i, v in enumerate(value, 1)})
+    return out
+
+
+def hyperparameters(run_start: dict[str, Any]) -> dict[str, Any]:
+    """The resolved config, flattened to dotted keys (`optim.lr`), plus the run's shape (`run.*`)."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    walk(run_start.get("config", {}), "")
+    for key in ("world_size", "device", "resumed_from", "total_steps", "warmup_steps", "drafter_params",
+                "target_layer_ids", "mask_token_id"):
+        if key in run_start:
+            flat[f"run.{key}"] = run_start[key]
+    return flat
+
+
+def _scalar(value: Any) -> bool | int | float | str:
+    """Hyperparameter values as the stricter trackers take them: lists and None as text."""
+    return value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
+
+
+class TensorBoardSink:
+    """Event files in RUN/tensorboard: scalars, the config in the HParams tab and as text."""
+
+    name = "tensorboard"
+
+    def __init__(self, run_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.logdir = run_dir / "tensorboard"
+        self._writer = SummaryWriter(log_dir=str(self.logdir))
+
+    def write(self, record: dict[str, Any]) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        kind, step = record["kind"], record["step"]
+        if kind == "run_start":
+            params = {k: _scalar(v) for k, v in hyperparameters(record).items()}
+            file_writer = self._writer._get_file_writer()
+            for summary in hparams(params, {"train/loss": 0.0, "train/tau_est": 0.0, "eval/tau": 0.0}):
+                file_writer.add_summary(summary)
+            config_yaml = yaml.safe_dump(record.get("config", {}), sort_keys=False)
+            self._writer.add_text("config", "    " + config_yaml.replace("\n", "\n    "), step)
+        for key, value in metrics(record).items():
+            self._writer.add_scalar(key, value, step, walltime=record["time"])
+        if kind == "checkpoint":
+            self._writer.add_text("checkpoint", record.get("path", ""), step)
+        elif kind == "run_end":
+            self._writer.add_text("run_end", f"{record['status']}: {record.get('reason') or ''}", step)
+            self.close()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WandbSink:
+    """A W&B run in RUN/wandb; WANDB_MODE=offline keeps it local (`wandb sync` uploads it later).
+    Every metric is plotted against `step`, so the steps a rollback repeats are kept, not dropped."""
+
+    name = "wandb"
+
+    def __init__(self, run_dir: Path) -> None:
+        import wandb
+
+        self._wandb = wandb
+        self._dir = run_dir
+        self._run: Any = None
+
+    def write(self, record: dict[str, Any]) -> None:
+        kind = record["kind"]
+        if kind == "run_start":
+            self._run = self._wandb.init(
+                project=os.environ.get("WANDB_PROJECT", "blockdraft"), name=self._dir.name, dir=str(self._dir),
+                config=hyperparameters(record), settings=self._wandb.Settings(console="off"))
+            self._run.define_metric("step")
+            self._run.define_metric("*", step_metric="step")
+        if self._run is None:
+            return
+        values = metrics(record)
+        if values:
+            self._run.log({"step": record["step"], **values})
+        if kind == "checkpoint":
+            self._run.summary["checkpoint"] = record.get("path")
+        elif kind == "run_end":
+            self._run.summary["status"] = record["status"]
+            self._run.finish(exit_code=1 if record["status"] == "failed" else 0)
+            self._run = None
+
+    def close(self) -> None:
+        if self._run is not None:
+            self._run.finish()
+            self._run = None
+
+
+class TrackioSink:
+    """A Trackio run (local SQLite under TRACKIO_DIR; `trackio show` opens the dashboard); the
+    project is TRACKIO_PROJECT or `blockdraft`, the run is named after the run folder."""
+
+    name = "trackio"
+
+    def __init__(self, run_dir: Path) -> None:
+        import trackio
+
+        self._trackio = trackio
+        self._name = run_dir.name
+        self._run: Any = None
+
+    def write(self, record: dict[str, Any]) -> None:
+        kind = record["kind"]
+        if kind == "run_start":
+            self._run = self._trackio.init(project=os.environ.get("TRACKIO_PROJECT", "blockdraft"), name=self._name,
+                                           config=hyperparameters(record), resume="allow")
+        if self._run is None:
+            return
+        values = metrics(record)
+        if values:
+            self._run.log(values, step=record["step"])
+        if kind == "run_end":
+            self.close()
+
+    def close(self) -> None:
+        if self._run is not None:
+            self._trackio.finish()  # the module's finish, which also clears the run its exit hook would finish
+            self._run = None
+
+
+class MlflowSink:
+    """An MLflow run: at MLFLOW_TRACKING_URI when set, else in a file store at RUN/mlruns; the
+    experiment is MLFLOW_EXPERIMENT_NAME or `blockdraft`."""
+
+    name = "mlflow"
+    _STATUS = {"completed": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}
+
+    def __init__(self, run_dir: Path) -> None:
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            uri = (run_dir / "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for it; the store works
+        from mlflow.tracking import MlflowClient
+
+        self.tracking_uri = uri
+        self._client = MlflowClient(tracking_uri=uri)
+        self._name = run_dir.name
+        self._run_id: str | None = None
+
+    def write(self, record: dict[str, Any]) -> None:
+        from mlflow.entities import Metric, Param
+
+        kind = record["kind"]
+        if kind == "run_start":
+            name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "blockdraft")
+            experiment = self._client.get_experiment_by_name(name)
+            experiment_id = experiment.experiment_id if experiment else self._client.create_experiment(name)
+            self._run_id = self._client.create_run(experiment_id, run_name=self._name).info.run_id
+            params = [Param(k, str(_scalar(v))[:6000]) for k, v in hyperparameters(record).items()]
+            for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
+                self._client.log_batch(self._run_id, params=params[i : i + 100])
+        if self._run_id is None:
+            return
+        stamp = int(record["time"] * 1000)
+        values = [Metric(k, v, stamp, record["step"]) for k, v in metrics(record).items()]
+        if values:
+            self._client.log_batch(self._run_id, metrics=values)
+        if kind == "checkpoint":
+            self._client.set_tag(self._run_id, "checkpoint", record.get("path"))
+        elif kind == "run_end":
+            self._client.set_terminated(self._run_id, self._STATUS.get(record["status"], "FINISHED"))
+            self._run_id = None
+
+    def close(self) -> None:
+        if self._run_id is not None:
+            self._client.set_terminated(self._run_id, "KILLED")
+            self._run_id = None
+
+
+SINKS: dict[str, type] = {"tensorboard": TensorBoardSink, "wandb": WandbSink, "trackio": TrackioSink,
+                           "mlflow": MlflowSink}
+
+
+def open_trackers(names: list[str], run_dir: Path) -> list[Sink]:
+    """One sink per tracker named in `train.trackers` (duplicates once), for the RunLog to feed."""
+    names = list(dict.fromkeys(names))
+    require_trackers(names)
+    return [SINKS[name](run_dir) for name in names]
