@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from blockdraft import cli
-from blockdraft.doctor import synthetic
+from tests.doctor import synthetic
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,10 @@ import math
 import numpy as np
 import pytest
 
-from blockdraft.doctor import records, synthetic
+from blockdraft.doctor import records
 from blockdraft.doctor.records import load_run, parse_log_bytes, parse_mapping
 from blockdraft.errors import UserError
+from tests.doctor import synthetic
 
 from .conftest import write_records
 

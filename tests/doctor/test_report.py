@@ -1,5 +1,5 @@
-from blockdraft.doctor import synthetic
 from blockdraft.doctor.report import render
+from tests.doctor import synthetic
 
 from .conftest import analyse
 

@@ -214,11 +214,3 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     if rx.std() == 0 or ry.std() == 0:
         return 0.0
     return float(np.corrcoef(rx, ry)[0, 1])
-
-
-def lag1_autocorr(x: np.ndarray) -> float:
-    x = x[np.isfinite(x)]
-    if len(x) < 10 or x.std() == 0:
-        return float("nan")
-    x = x - x.mean()
-    return float(np.dot(x[:-1], x[1:]) / np.dot(x, x))

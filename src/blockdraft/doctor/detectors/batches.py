@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from blockdraft.data.batching import lag1_autocorr
 from blockdraft.doctor import stats
 from blockdraft.doctor.context import Context
 from blockdraft.doctor.findings import Finding
@@ -30,7 +31,7 @@ def _batch_order(ctx: Context) -> dict[str, float] | None:
         over = lengths > limit
         counts = np.bincount(seq[seq >= 0]) if (seq >= 0).any() else np.zeros(1)
         shares = counts / max(1, counts.sum())
-        r1 = stats.lag1_autocorr(seq.astype(float))
+        r1 = lag1_autocorr(seq)
         out = {
             "limit": limit,
             "max_run": int(lengths.max()),
@@ -46,7 +47,8 @@ def _batch_order(ctx: Context) -> dict[str, float] | None:
             out["share_in_long_runs"] >= 0.05 or out["max_run"] >= 3 * limit or (math.isfinite(r1) and r1 >= 0.5)
         )
     elif np.isfinite(ctx.t.get("seq_len_max")).sum() >= 100:
-        r1 = stats.lag1_autocorr(ctx.t.get("seq_len_max"))
+        lengths = ctx.t.get("seq_len_max")
+        r1 = lag1_autocorr(lengths[np.isfinite(lengths)])
         out = {"lag1_autocorr": r1, "violated": float(math.isfinite(r1) and r1 >= 0.5)}
     ctx.shared["batch_order"] = out
     return out

@@ -294,7 +294,9 @@ def loss_decay_gamma(ctx: Context) -> list[Finding]:
     block = ctx.run.block_size
     if weighting not in (None, "exp_decay") or not isinstance(gamma, int | float) or block is None:
         return []
-    expected = max(1.0, 4.0 + (block - 8) * 3.0 / 8.0)
+    from blockdraft.config import default_gamma
+
+    expected = default_gamma(block)
     if abs(gamma / expected - 1.0) <= 0.2:
         return []
     return [
