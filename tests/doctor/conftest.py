@@ -9,7 +9,8 @@ import pytest
 
 from blockdraft.doctor.detectors import diagnose
 from blockdraft.doctor.findings import Finding
-from blockdraft.doctor.records import RunLog, load_run, parse_mapping
+from blockdraft.doctor.readers import load_run
+from blockdraft.doctor.records import RunLog, parse_mapping
 from tests.doctor import synthetic
 
 

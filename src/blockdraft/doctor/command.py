@@ -54,7 +54,7 @@ def _offline(args: argparse.Namespace, mapping: dict[str, str]) -> list:
 
     from blockdraft.doctor.console import print_report
     from blockdraft.doctor.detectors import diagnose
-    from blockdraft.doctor.records import load_run
+    from blockdraft.doctor.readers import load_run
 
     run = load_run(args.path, mapping)
     findings = diagnose(run)

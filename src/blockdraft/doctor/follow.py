@@ -10,7 +10,8 @@ from blockdraft.doctor.console import finding_line
 from blockdraft.doctor.detectors import diagnose
 from blockdraft.doctor.findings import Finding
 from blockdraft.doctor.live import LiveDoctor, tail_records
-from blockdraft.doctor.records import parse_log_bytes, resolve_log_path
+from blockdraft.doctor.readers import resolve_log_path
+from blockdraft.doctor.records import parse_log_bytes
 
 
 def follow(
