@@ -13,7 +13,17 @@ LEVELS = ("info", "warning", "error")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", metavar="RUN_DIR_OR_LOG", help="a run folder (its log.jsonl) or a JSONL log file")
+    parser.add_argument(
+        "path",
+        metavar="RUN_DIR_OR_LOG",
+        help="a run folder or log: blockdraft log.jsonl, any JSONL, HF trainer_state.json or checkpoint folder, "
+        "W&B CSV or wandb-history.jsonl, TensorBoard event files",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the run's config (YAML/JSON, blockdraft's or another trainer's) so the settings checks can run",
+    )
     parser.add_argument("--json", action="store_true", help="print the findings as a JSON list instead of a table")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with charts")
     parser.add_argument(
@@ -57,6 +67,12 @@ def _offline(args: argparse.Namespace, mapping: dict[str, str]) -> list:
     from blockdraft.doctor.readers import load_run
 
     run = load_run(args.path, mapping)
+    if args.config:
+        from blockdraft.doctor.config_file import merge, read_config
+
+        settings, run.config_read = read_config(args.config)
+        run.config = merge(run.config, settings)
+        run.config_source = args.config
     findings = diagnose(run)
     if args.json:
         print(json.dumps([f.to_dict() for f in findings], indent=2))

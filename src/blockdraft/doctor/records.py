@@ -86,6 +86,7 @@ class RunLog:
     log_format: str = "jsonl"
     mapped: dict[str, str] = field(default_factory=dict)
     config_source: str | None = None
+    config_read: dict[str, str] = field(default_factory=dict)
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return self.records.get(kind, [])

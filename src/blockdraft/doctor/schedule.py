@@ -21,7 +21,14 @@ def _positive_int(value: object) -> int | None:
 
 
 def total_steps(run: RunLog) -> int | None:
-    return _positive_int(run.run_value("total_steps")) or _positive_int(run.setting("train", "max_steps"))
+    """Updates in the whole run: run_start's, the config's max_steps, or epochs x steps per epoch."""
+    known = _positive_int(run.run_value("total_steps")) or _positive_int(run.setting("train", "max_steps"))
+    if known:
+        return known
+    epochs, per_epoch = run.setting("train", "epochs"), _positive_int(run.setting("train", "steps_per_epoch"))
+    if isinstance(epochs, int | float) and epochs > 0 and per_epoch:
+        return int(round(float(epochs) * per_epoch))
+    return None
 
 
 def warmup_steps(run: RunLog) -> int | None:
@@ -59,12 +66,16 @@ def lr_curve(
     return peak * np.where(k <= warmup, np.clip(k, 0, None) / warmup, decay)
 
 
-def expected_lr(run: RunLog, k: np.ndarray, decay_from_zero: bool = False) -> np.ndarray | None:
-    """The configured LR at updates `k`, or None when the config does not pin it down."""
+def expected_lr(
+    run: RunLog, k: np.ndarray, decay_from_zero: bool = False, shape: str | None = None
+) -> np.ndarray | None:
+    """The configured LR at updates `k`, or None when the config does not pin it down.
+
+    `shape` overrides the configured schedule (cosine when the config names none)."""
     peak = run.setting("optim", "lr")
     total = total_steps(run)
     warmup = warmup_steps(run)
-    schedule = run.setting("optim", "schedule") or "cosine"
+    schedule = shape or run.setting("optim", "schedule") or "cosine"
     min_ratio = run.setting("optim", "min_lr_ratio") or 0.0
     if not isinstance(peak, int | float) or peak <= 0 or total is None or warmup is None:
         return None

@@ -25,10 +25,7 @@ def _gaps(ctx: Context) -> dict[str, np.ndarray]:
     """Per row: records missing before it, and wall time beyond what its steps should have taken."""
     if "gaps" in ctx.shared:
         return ctx.shared["gaps"]
-    missing = np.zeros(ctx.n)
-    if ctx.regular_stride:
-        missing = np.nan_to_num(ctx.dstep - ctx.stride, nan=0.0)
-        missing[missing < max(3.0, 2.0 * ctx.stride)] = 0.0
+    missing = np.where(ctx.gap_rows, np.nan_to_num(ctx.dstep - ctx.stride, nan=0.0), 0.0)
     excess = np.zeros(ctx.n)
     sec = ctx.seconds_per_step
     if math.isfinite(sec) and np.isfinite(ctx.dtime).any():
@@ -220,43 +217,55 @@ def _periodic(starts: np.ndarray, stride: float) -> tuple[np.ndarray, int | None
 
 
 def window_artifact(ctx: Context) -> list[Finding]:
+    """A windowed monitor's record that averaged only a few steps (often right after a stalled
+    logger) and so shows one batch's loss as if it were the model's."""
     fit = ctx.loss_fit
-    small = ctx.small_window
-    if fit is None or not small.any():
+    suspect = ctx.unreliable
+    if fit is None or not suspect.any():
         return []
     loss = ctx.t.get("loss")
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"):
         y = np.log(np.maximum(loss, 1e-6))
-    z = (y - fit.trend - fit.offset) / fit.sigma
-    rows = np.flatnonzero(small & np.isfinite(z) & ((np.abs(z) >= 6.0) & (np.abs(y - fit.trend - fit.offset) >= 0.4)))
+    dev = y - fit.trend - fit.offset
+    z = dev / fit.sigma
+    rows = np.flatnonzero(suspect & np.isfinite(z) & (np.abs(z) >= 6.0) & (np.abs(dev) >= 0.4))
     if not len(rows):
         return []
     worst = rows[np.argmax(np.abs(z[rows]))]
     window = ctx.dstep[worst]
+    gap_before = [r for r in rows if ctx.after_gap[r]]
+    earlier_gaps = np.flatnonzero(ctx.gap_rows[:worst])
+    gap_steps = float(ctx.dstep[earlier_gaps[-1]]) if len(earlier_gaps) else math.nan
     spans = [(ctx.step_at(r - 1), ctx.step_at(r)) for r in rows]
-    after_gap = int(np.sum([(r >= 1) and (ctx.dstep[r - 1] >= 2 * ctx.stride) for r in rows]))
+    level = math.exp(fit.trend[worst] + fit.offset[worst])
+    where = (
+        f"right after a logging gap ({plural(len(gap_before), 'record')}; the gap's own record averaged "
+        f"{gap_steps:.0f} steps)"
+        if gap_before
+        else f"(usual window {ctx.stride:.0f})"
+    )
     return [
         Finding(
             code="window_artifact",
             severity="warning",
             steps=(spans[0][0], spans[-1][1]),
             summary=(
-                f"{plural(len(rows), 'logged value')} averaged only {window:.0f} steps "
-                f"(usual window {ctx.stride:.0f}); "
-                f"one shows loss {loss[worst]:.3g} vs level {math.exp(fit.trend[worst] + fit.offset[worst]):.3g} "
-                f"at step {ctx.step_at(worst)}"
+                f"{plural(len(rows), 'logged value')} averaged only {window:.0f} steps {where}; "
+                f"one shows loss {loss[worst]:.3g} vs level {level:.3g} at step {ctx.step_at(worst)}"
             ),
             evidence={
                 "rows": len(rows),
                 "window_steps": float(window),
                 "usual_window": ctx.stride,
                 "loss": float(loss[worst]),
-                "level": math.exp(fit.trend[worst] + fit.offset[worst]),
-                "after_gap": after_gap,
+                "level": level,
+                "after_gap": len(gap_before),
+                "gap_window_steps": gap_steps,
             },
             advice=(
                 "This is the monitor, not the model: a short window after a stalled logger lets one batch "
-                "dominate. Log every step (or weight windows by their step count) before acting on it."
+                "dominate. Log every step (or weight windows by their step count) and never let a checkpoint "
+                "save block the logger before acting on it."
             ),
             weight=float(np.abs(z[worst])),
             spans=spans,
