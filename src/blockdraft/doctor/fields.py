@@ -1,8 +1,9 @@
 """The step fields the doctor reads and the names other trainers give them.
 
 One table, used by every reader: a log's key is matched to our field by `--map` first, then by our
-own name, then by the aliases below in order. Matching is case-sensitive and exact, except that a
-W&B chart export's "run name - " prefix is dropped before matching.
+own name, then by the aliases below in order, then by the same names after the key's last "/"
+(`perf/tokens_per_sec`, never an `eval/` or `val/` key). Matching is case-sensitive; a W&B chart
+export's "run name - " prefix is dropped before matching.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ STEP_FIELDS = (
 )
 LIST_FIELDS = ("buckets", "acc_per_pos")
 OTHER_FIELDS = ("kind", "skip_reason", "nonfinite")
+HELD_OUT = ("eval", "val", "test")
 
 ALIASES: dict[str, tuple[str, ...]] = {
     "step": (
@@ -56,7 +58,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "grad_norm": ("train/grad_norm", "gradient_norm", "grad/norm", "gnorm", "total_norm"),
     "noise_std": ("noise", "noise_sigma", "noise_scale", "train/noise_std"),
     "epoch": ("train/epoch", "ep"),
-    "epoch_progress": ("epoch_frac", "epoch_fraction"),
+    "epoch_progress": ("epoch_frac", "epoch_fraction", "train/epoch_progress"),
     "progress": ("run_progress", "train/progress"),
     "tokens": ("num_tokens", "ntokens", "train/tokens"),
     "step_time": ("iter_time", "time_per_step", "batch_time", "sec_per_step", "step_s", "train/step_time"),
@@ -86,14 +88,21 @@ def resolve(keys: Iterable[str], mapping: dict[str, str]) -> dict[str, str]:
         if theirs in present:
             out[ours] = theirs
     taken = set(out.values())
+    by_base: dict[str, list[str]] = {}
+    for key in present:
+        head, sep, base = key.rpartition("/")
+        if sep and not head.lower().startswith(HELD_OUT):
+            by_base.setdefault(base, []).append(key)
     for ours in STEP_FIELDS + LIST_FIELDS + OTHER_FIELDS:
         if ours in out:
             continue
-        for name in (ours, *ALIASES.get(ours, ())):
-            if name in present and name not in taken:
-                out[ours] = name
-                taken.add(name)
-                break
+        names = (ours, *ALIASES.get(ours, ()))
+        exact = [name for name in names if name in present and name not in taken]
+        nested = [keys[0] for name in names if len(keys := by_base.get(name, [])) == 1 and keys[0] not in taken]
+        for name in exact + nested:
+            out[ours] = name
+            taken.add(name)
+            break
     return out
 
 
