@@ -15,12 +15,20 @@ MAD_TO_SIGMA = 1.4826
 
 
 def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Medians of consecutive blocks of `size` (NaN-aware) and each block's centre index."""
+    """Medians of consecutive blocks of `size` (NaN-aware) and each block's centre index.
+
+    A remainder shorter than half a block joins the last full block: a block of one or two rows
+    has a median equal to its own values, which would pin the level (and zero the scale) at the end.
+    """
     n = len(x)
     if n == 0:
         return np.zeros(0), np.zeros(0)
     size = max(1, min(size, n))
     full = n // size
+    rest = n - full * size
+    if full >= 2 and 0 < rest < size / 2:
+        full -= 1
+        rest += size
     meds = []
     centres = []
     if full:
@@ -28,10 +36,10 @@ def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
         with np.errstate(all="ignore"):
             meds.append(_nanmedian_rows(head))
         centres.append(np.arange(full) * size + (size - 1) / 2.0)
-    if n - full * size:
+    if rest:
         tail = x[full * size :]
         meds.append(np.array([np.nanmedian(tail) if np.isfinite(tail).any() else np.nan]))
-        centres.append(np.array([full * size + (n - full * size - 1) / 2.0]))
+        centres.append(np.array([full * size + (rest - 1) / 2.0]))
     return np.concatenate(meds), np.concatenate(centres)
 
 
