@@ -202,6 +202,17 @@ def events(flags: np.ndarray, max_gap: int = 1) -> list[tuple[int, int]]:
     return list(zip(firsts.tolist(), lasts.tolist(), strict=True))
 
 
+def slope(x: np.ndarray, y: np.ndarray) -> float:
+    """Least-squares slope over a subsample: epochs and progress are smooth, so this is enough."""
+    if len(x) < 2:
+        return math.nan
+    idx = np.linspace(0, len(x) - 1, num=min(len(x), 2000)).astype(int)
+    xs, ys = x[idx], y[idx]
+    if np.ptp(xs) == 0:
+        return math.nan
+    return float(np.polyfit(xs, ys, 1)[0])
+
+
 def theil_sen(x: np.ndarray, y: np.ndarray) -> float:
     """Median of pairwise slopes: a trend that a few outlying blocks cannot bend."""
     ok = np.isfinite(x) & np.isfinite(y)

@@ -246,13 +246,13 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
             back = np.diff(epoch[np.isfinite(epoch)]) < 0
             if back.any():
                 problems.append("the epoch counter goes backwards within one run segment")
-        slope = _slope(steps[ok], pos[ok])
+        slope = stats.slope(steps[ok], pos[ok])
         if slope > 0:
             implied_spe = 1.0 / slope
             evidence["steps_per_epoch_from_epoch"] = implied_spe
     implied_total = math.nan
     if np.isfinite(prog).sum() >= 50:
-        slope = _slope(steps[np.isfinite(prog)], prog[np.isfinite(prog)])
+        slope = stats.slope(steps[np.isfinite(prog)], prog[np.isfinite(prog)])
         if slope > 0:
             implied_total = 1.0 / slope
             evidence["total_steps_from_progress"] = implied_total
@@ -317,17 +317,6 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
     ]
 
 
-def _slope(x: np.ndarray, y: np.ndarray) -> float:
-    """Least-squares slope over a subsample: epochs and progress are smooth, so this is enough."""
-    if len(x) < 2:
-        return math.nan
-    idx = np.linspace(0, len(x) - 1, num=min(len(x), 2000)).astype(int)
-    xs, ys = x[idx], y[idx]
-    if np.ptp(xs) == 0:
-        return math.nan
-    return float(np.polyfit(xs, ys, 1)[0])
-
-
 def _fractional_epoch(ctx: Context, rows: np.ndarray) -> list[Finding]:
     """A foreign log's fractional `epoch`: which fraction it is (of one epoch or of the run), said plainly.
 
@@ -338,7 +327,7 @@ def _fractional_epoch(ctx: Context, rows: np.ndarray) -> list[Finding]:
     pos = ctx.t.get("epoch_pos")[rows]
     updates = ctx.update[rows]
     ok = np.isfinite(pos)
-    slope = _slope(updates[ok], pos[ok])
+    slope = stats.slope(updates[ok], pos[ok])
     if not slope > 0:
         return []
     per_epoch = 1.0 / slope

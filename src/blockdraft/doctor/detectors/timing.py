@@ -14,6 +14,7 @@ UNEXPLAINED_STALL_S = 30.0
 BIG_STALL_S = 300.0
 COSTLY_STALL_S = 120.0
 CHECKPOINT_STALL_S = 10.0
+ROUND_STEPS = 500
 
 
 def _marker_steps(ctx: Context, kind: str) -> np.ndarray:
@@ -160,7 +161,9 @@ def _gap_finding(
     stall_rows = rows[gaps["excess"][rows] >= _stall_threshold(ctx)]
     only_logging = int(np.sum(lost & ~np.isin(rows, stall_rows)))
     spans = [(int(prev[r]), int(ctx.step[r])) for r in rows]
-    parts = [plural(len(rows), "gap") + " in the log"]
+    gap_s = ctx.dtime[rows]
+    longest = float(np.nanmax(gap_s)) if np.isfinite(gap_s).any() else math.nan
+    parts = [plural(len(rows), "gap") + " in the log" + (f" (longest {longest:.0f} s)" if math.isfinite(longest) else "")]
     if missing:
         went_on = f" ({plural(only_logging, 'gap')} where training went on and only logging stopped)"
         parts.append(plural(missing, "step record") + " missing" + (went_on if only_logging else ""))
@@ -170,9 +173,16 @@ def _gap_finding(
         "Every step must reach the log: write records from the training loop (not a monitor thread) "
         "and flush each line; for stalls, look at what else ran at that time (eval, saves, data)."
     )
+    saves = _at_saves(ctx, prev[rows])
     if period:
         parts.append(f"on a {period}-step period, so most likely scheduled evals or saves that wrote no record")
         advice = "Write an eval/checkpoint record for scheduled work so its pauses are accounted for."
+    elif saves:
+        parts.append(saves)
+        advice = (
+            "Save in the background (stage the state between steps, write it from another thread) and never "
+            "let a save block the logger; a windowed monitor's next record after such a gap misleads."
+        )
     return Finding(
         code="logging_gap",
         severity=severity,
@@ -185,11 +195,29 @@ def _gap_finding(
             "max_stall_s": float(gaps["excess"][stall_rows].max()) if len(stall_rows) else 0.0,
             "logging_only": only_logging,
             "period_steps": period or math.nan,
+            "longest_gap_s": longest,
         },
         advice=advice,
         weight=float(missing + len(stall_rows) * 10),
         spans=spans,
     )
+
+
+def _at_saves(ctx: Context, starts: np.ndarray) -> str:
+    """Where gaps began at checkpoint steps (save_every, else round multiples of 500), say so."""
+    every = ctx.run.setting("train", "save_every")
+    tol = 2 * ctx.stride + 1
+    if isinstance(every, int | float) and every > 0:
+        resid = np.mod(starts, every)
+        on = np.minimum(resid, every - resid) <= tol
+        if on.any():
+            return f"{int(on.sum())} of them at checkpoint steps (save_every={every:g}): the save blocked the logger"
+        return ""
+    resid = np.mod(starts, ROUND_STEPS)
+    if len(starts) and bool(np.all(np.minimum(resid, ROUND_STEPS - resid) <= tol)):
+        at = ", ".join(str(int(s)) for s in starts[:5])
+        return f"all at round steps ({at}): most likely checkpoint saves that blocked the logger"
+    return ""
 
 
 def _periodic(starts: np.ndarray, stride: float) -> tuple[np.ndarray, int | None]:
