@@ -163,7 +163,9 @@ def _gap_finding(
     spans = [(int(prev[r]), int(ctx.step[r])) for r in rows]
     gap_s = ctx.dtime[rows]
     longest = float(np.nanmax(gap_s)) if np.isfinite(gap_s).any() else math.nan
-    parts = [plural(len(rows), "gap") + " in the log" + (f" (longest {longest:.0f} s)" if math.isfinite(longest) else "")]
+    parts = [plural(len(rows), "gap") + " in the log"]
+    if math.isfinite(longest):
+        parts[0] += f" (longest {longest:.0f} s)"
     if missing:
         went_on = f" ({plural(only_logging, 'gap')} where training went on and only logging stopped)"
         parts.append(plural(missing, "step record") + " missing" + (went_on if only_logging else ""))
