@@ -15,13 +15,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from blockdraft.doctor.records import RunLog, parse_log_bytes, run_from_records
+from blockdraft.doctor.records import FORMATS, RunLog, parse_log_bytes, run_from_records
 from blockdraft.errors import UserError
 
-FORMATS = (
-    "blockdraft log.jsonl, a JSONL of step records, Hugging Face trainer_state.json or checkpoint folder, "
-    "W&B CSV export or wandb-history.jsonl, TensorBoard event files"
-)
 TB_PREFIX = "events.out.tfevents"
 HF_SKIP = ("train_runtime", "eval_runtime")
 

@@ -23,6 +23,10 @@ from blockdraft.doctor import fields
 from blockdraft.doctor.fields import LIST_FIELDS, STEP_FIELDS
 from blockdraft.errors import UserError
 
+FORMATS = (
+    "blockdraft log.jsonl, a JSONL of step records, Hugging Face trainer_state.json or checkpoint folder, "
+    "W&B CSV export or wandb-history.jsonl, TensorBoard event files"
+)
 NAN_SUFFIX = "!nan"
 NAN_WATCH = ("loss", "grad_norm", "acc", "lr", "tau_est", "kl")
 FLAGGED = "nonfinite"
@@ -187,7 +191,9 @@ def _parse_lines(data: bytes, mapping: dict[str, str], source: str) -> RunLog:
                     rec["_line"] = lo + i
                     others.append((lo + i, rec))
     if bad_lines and bad_lines > 0.5 * max(1, line_count):
-        raise UserError(f"{source}: {bad_lines} of {line_count} lines are not JSON objects")
+        raise UserError(
+            f"{source}: {bad_lines} of {line_count} lines are not JSON objects; blockdraft doctor reads {FORMATS}"
+        )
     values = {name: [getattr(r, name) for r in rows] for name in row_type.__struct_fields__}
     values["acc_per_pos"] = _tail_profiles(lines, row_lines, resolved.get("acc_per_pos"))
     run = _assemble(values, np.array(row_lines, dtype=np.int64), others, source)
