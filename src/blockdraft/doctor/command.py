@@ -48,18 +48,28 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.doctor.records import parse_mapping
 
     mapping = parse_mapping(args.mapping)
+    settings, read = _settings(args.config)
     if args.follow:
         from blockdraft.doctor.follow import follow
 
-        findings = follow(args.path, mapping, as_json=args.json)
+        findings = follow(args.path, mapping, as_json=args.json, settings=settings)
     else:
-        findings = _offline(args, mapping)
+        findings = _offline(args, mapping, settings, read)
     if args.fail_on and any(at_least(f.severity, args.fail_on) for f in findings):
         return 1
     return 0
 
 
-def _offline(args: argparse.Namespace, mapping: dict[str, str]) -> list:
+def _settings(path: str | None) -> tuple[dict | None, dict[str, str]]:
+    """The --config file's settings in our layout and where each came from (None without --config)."""
+    if not path:
+        return None, {}
+    from blockdraft.doctor.config_file import read_config
+
+    return read_config(path)
+
+
+def _offline(args: argparse.Namespace, mapping: dict[str, str], settings: dict | None, read: dict[str, str]) -> list:
     import json
 
     from blockdraft.doctor.console import print_report
@@ -67,12 +77,11 @@ def _offline(args: argparse.Namespace, mapping: dict[str, str]) -> list:
     from blockdraft.doctor.readers import load_run
 
     run = load_run(args.path, mapping)
-    if args.config:
-        from blockdraft.doctor.config_file import merge, read_config
+    if settings is not None:
+        from blockdraft.doctor.config_file import merge
 
-        settings, run.config_read = read_config(args.config)
         run.config = merge(run.config, settings)
-        run.config_source = args.config
+        run.config_source, run.config_read = args.config, read
     findings = diagnose(run)
     if args.json:
         print(json.dumps([f.to_dict() for f in findings], indent=2))
