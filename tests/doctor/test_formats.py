@@ -108,3 +108,16 @@ def test_what_was_read_and_what_was_not_checked_are_said(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "loss.gamma<-loss.gamma" in out and "optim.betas<-optimizer.betas" in out
     assert "optimizer_betas: needs" not in out
+
+
+def test_hf_max_steps_ending_inside_the_last_epoch_is_consistent(tmp_path, capsys):
+    """Trainer sets num_train_epochs = ceil(max_steps / steps per epoch) when max_steps is given."""
+    state, _ = formats.hf_state(1, clean=True)
+    state["max_steps"] = 10_000
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps(state))
+    assert not [f for f in _doctor(capsys, str(path)) if f["code"] == "epoch_accounting"]
+    state["num_train_epochs"] = 6
+    path.write_text(json.dumps(state))
+    epoch = [f for f in _doctor(capsys, str(path)) if f["code"] == "epoch_accounting"]
+    assert epoch and epoch[0]["severity"] == "warning" and "10000" in epoch[0]["summary"]

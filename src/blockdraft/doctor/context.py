@@ -116,7 +116,7 @@ class Context:
     @cached_property
     def zero_based(self) -> bool:
         """The log counts the first update as step 0 (monitor threads often do), not as step 1."""
-        return bool(self.n) and self.step[0] == 0 and not self.run.of_kind("run_start")[1:]
+        return bool(self.n) and self.step[0] == 0
 
     @cached_property
     def update(self) -> np.ndarray:

@@ -289,7 +289,7 @@ def _decode_line(decoder: Any, raw: bytes) -> Any:
 
 
 def _from_dict(rec: dict[str, Any], row_type: type, resolved: dict[str, str]) -> Any:
-    """A StepRow from a dict decoded by json (NaN literals, unusual types); None for non-step lines."""
+    """A StepRow from a dict decoded by json (NaN literals, unusual types); other kinds keep only `kind`."""
     if rec.get("kind") not in (None, "step"):
         return row_type(kind=rec.get("kind"))
     values = {name: rec.get(key) for name, key in resolved.items() if name in row_type.__struct_fields__}
@@ -344,7 +344,8 @@ def _assemble(
         records.setdefault(str(rec["kind"]), []).append(rec)
     n = len(lines)
     cols: dict[str, np.ndarray] = {}
-    flagged_rows = [i for i, f in enumerate(values.get(FLAGGED, [])) if isinstance(f, list)]
+    flags = values.get(FLAGGED, [])
+    flagged_rows = [i for i, f in enumerate(flags) if isinstance(f, list)]
     for name in STEP_FIELDS:
         vals = values.get(name)
         if vals is None or all(v is None for v in vals):
@@ -353,16 +354,16 @@ def _assemble(
         if name in NAN_WATCH:
             literal = np.array([isinstance(v, float) and math.isnan(v) for v in vals], dtype=np.float64)
             for i in flagged_rows:
-                if name in values[FLAGGED][i]:
+                if name in flags[i]:
                     literal[i] = 1.0
             if literal.any():
                 cols[name + NAN_SUFFIX] = literal
     for name in NAN_WATCH:
-        if name not in cols and any(name in values[FLAGGED][i] for i in flagged_rows):
+        hit = [i for i in flagged_rows if name in flags[i]]
+        if name not in cols and hit:
             cols[name] = np.full(n, np.nan)
-            cols[name + NAN_SUFFIX] = np.array(
-                [float(i in flagged_rows and name in values[FLAGGED][i]) for i in range(n)]
-            )
+            cols[name + NAN_SUFFIX] = np.zeros(n)
+            cols[name + NAN_SUFFIX][hit] = 1.0
     _derive(cols)
     if "step" not in cols or not np.isfinite(cols["step"]).any():
         cols["step"] = np.arange(1, n + 1, dtype=np.float64)

@@ -334,7 +334,7 @@ def _fractional_epoch(ctx: Context, rows: np.ndarray) -> list[Finding]:
     last_row = rows[np.flatnonzero(ok)[-1]]
     last, at = float(ctx.t.get("epoch_pos")[last_row]), ctx.step_at(last_row)
     total = schedule.total_steps(ctx.run)
-    total_from = "the config"
+    total_from = "the run's settings"
     if total is None and math.isfinite(ctx.lr_schedule_end):
         total, total_from = int(ctx.lr_schedule_end), "the LR schedule's decay"
     epochs_cfg = ctx.run.setting("train", "epochs")
@@ -346,7 +346,8 @@ def _fractional_epoch(ctx: Context, rows: np.ndarray) -> list[Finding]:
         evidence["configured_epochs"] = epochs_cfg
     cumulative = ctx.run.log_format == "hf" or float(np.nanmax(pos)) > 1.0001
     problems = []
-    if epochs_cfg and total and abs(per_epoch * epochs_cfg / total - 1) > 0.15:
+    partial_last = epochs_cfg is not None and total is not None and math.ceil(total / per_epoch) == epochs_cfg
+    if epochs_cfg and total and abs(per_epoch * epochs_cfg / total - 1) > 0.15 and not partial_last:
         if abs(per_epoch / total - 1) <= 0.15 and epochs_cfg > 1:
             problems.append(
                 f"`epoch` reaches 1 at ~{per_epoch:.0f} steps, the whole run ({total} steps by {total_from}): "
