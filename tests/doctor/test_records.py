@@ -136,3 +136,14 @@ def test_a_guarded_step_shares_its_number_without_splitting_the_run():
     recs = [_step(i) for i in (1, 2, 3, 3, 4, 5)]
     data = "".join(json.dumps(r) + "\n" for r in recs).encode()
     assert parse_log_bytes(data, {}).steps.segment.tolist() == [0] * 6
+
+
+def test_iso_times_and_per_gpu_queue_dicts_are_read():
+    recs = [
+        {"iter": i, "avg_loss": 2.0, "timestamp": f"2026-11-29T10:{i:02d}:00Z", "queue": {"gpu0": 40, "gpu1": 10}}
+        for i in range(3)
+    ]
+    run = parse_log_bytes("".join(json.dumps(r) + "\n" for r in recs).encode(), {})
+    assert np.diff(run.steps.get("time")).tolist() == [60.0, 60.0]
+    assert run.steps.get("queue_depth").tolist() == [50.0, 50.0, 50.0]
+    assert run.mapped == {"step": "iter", "time": "timestamp", "loss": "avg_loss", "queue_depth": "queue"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+from datetime import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -318,9 +319,21 @@ def _number(value: Any) -> float:
             return float(value)
         except ValueError:
             return math.nan
+    if isinstance(value, dict):
+        value = list(value.values())
     if isinstance(value, list) and value and all(isinstance(v, int | float) for v in value):
         return float(sum(value))
     return math.nan
+
+
+def _timestamp(value: Any) -> float:
+    """Seconds since the epoch from a number or an ISO 8601 string (some loggers write those)."""
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return math.nan
+    return _number(value)
 
 
 def _column(values: list[Any]) -> np.ndarray:
@@ -351,6 +364,8 @@ def _assemble(
         if vals is None or all(v is None for v in vals):
             continue
         cols[name] = _column(vals)
+        if name == "time" and not np.isfinite(cols[name]).any():
+            cols[name] = np.array([_timestamp(v) for v in vals], dtype=np.float64)
         if name in NAN_WATCH:
             literal = np.array([isinstance(v, float) and math.isnan(v) for v in vals], dtype=np.float64)
             for i in flagged_rows:
