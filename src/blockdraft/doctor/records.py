@@ -12,9 +12,9 @@ from __future__ import annotations
 import gc
 import json
 import math
-from datetime import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import msgspec
