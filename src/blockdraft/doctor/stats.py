@@ -250,9 +250,10 @@ class Levels:
 def mixture_levels(x: np.ndarray, max_k: int = 4, sample: int = 20000, seed: int = 0) -> Levels | None:
     """A 1-D Gaussian mixture chosen by BIC; None unless it finds >= 2 well separated levels.
 
-    Separated means adjacent means at least SEPARATION standard deviations apart (of the wider one)
-    and each level holding at least MIN_SHARE of the rows, so a heavy-tailed single mode (which a
-    mixture also fits better than one Gaussian) does not count as several.
+    Separated means Ashman's D = sqrt(2) |mu_a - mu_b| / sqrt(sd_a^2 + sd_b^2) >= SEPARATION for
+    adjacent levels (2 is the usual bound for a clearly bimodal pair) and each level holding at least
+    MIN_SHARE of the rows, so a heavy-tailed or skewed single mode (which a mixture also fits better
+    than one Gaussian, with a narrow and a wide component) does not count as several.
     """
     ok = np.flatnonzero(np.isfinite(x))
     if len(ok) < 100:
@@ -266,9 +267,8 @@ def mixture_levels(x: np.ndarray, max_k: int = 4, sample: int = 20000, seed: int
         starts = (np.quantile(v, (np.arange(k) + 0.5) / k), np.linspace(lo, hi, k))
         w, mu, sd, ll = max((_em(v, start) for start in starts), key=lambda fit: fit[3])
         bic = -2.0 * ll + (3 * k - 1) * math.log(len(v))
-        separated = k == 1 or (
-            bool(np.all(np.diff(mu) >= SEPARATION * np.maximum(sd[1:], sd[:-1]))) and bool(np.all(w >= MIN_SHARE))
-        )
+        ashman = math.sqrt(2.0) * np.diff(mu) / np.sqrt(sd[1:] ** 2 + sd[:-1] ** 2)
+        separated = k == 1 or (bool(np.all(ashman >= SEPARATION)) and bool(np.all(w >= MIN_SHARE)))
         if separated and (best is None or bic < best[0] - 10.0):
             best = (bic, w, mu, sd)
     if best is None or len(best[1]) < 2:
@@ -279,7 +279,7 @@ def mixture_levels(x: np.ndarray, max_k: int = 4, sample: int = 20000, seed: int
     return Levels(labels=labels, means=mu, sds=sd, shares=w)
 
 
-SEPARATION = 2.5
+SEPARATION = 2.0
 MIN_SHARE = 0.03
 
 
