@@ -106,3 +106,15 @@ def test_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, m
     monkeypatch.setitem(sys.modules, "tensorboard", None)
     assert cli.main(["doctor", str(tmp_path)]) == 2
     assert "pip install 'blockdraft[tensorboard]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["doctor", "--help"]])
+def test_help_imports_neither_torch_nor_transformers(argv):
+    code = (
+        "import sys; from blockdraft import cli\n"
+        f"try:\n    cli.main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print([m for m in ('torch', 'transformers') if m in sys.modules], file=sys.stderr)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "VERB" in proc.stdout or "RUN_DIR_OR_LOG" in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1] == "[]"
