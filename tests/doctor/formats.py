@@ -2,7 +2,8 @@
 and a Hugging Face trainer_state.json (its own per-step simulation: loss, lr, grad norm, epoch).
 
 The W&B and TensorBoard logs hold what the seed pipeline sent there: the monitor's windowed records,
-under W&B's/TensorBoard's own key names and step counters.
+under a custom pipeline's `train/...` names (not HF Trainer's, whose `epoch` means something else)
+and W&B's own `_step` counter.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ WANDB_KEYS = {
     "loss": "train/loss",
     "acc": "train/acc",
     "streak": "train/streak",
-    "lr": "train/learning_rate",
+    "lr": "train/lr",
     "noise_std": "train/noise_std",
     "tok_s": "perf/tokens_per_sec",
     "epoch": "train/epoch",
@@ -36,7 +37,7 @@ def wandb_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for i, rec in enumerate(records):
         row: dict[str, Any] = {"_step": i, "_runtime": rec["time"] - t0, "_timestamp": rec["time"]}
-        row["train/global_step"] = rec["step"]
+        row["global_step"] = rec["step"]
         for ours, theirs in WANDB_KEYS.items():
             if ours in rec:
                 row[theirs] = rec[ours]

@@ -121,3 +121,18 @@ def test_hf_max_steps_ending_inside_the_last_epoch_is_consistent(tmp_path, capsy
     path.write_text(json.dumps(state))
     epoch = [f for f in _doctor(capsys, str(path)) if f["code"] == "epoch_accounting"]
     assert epoch and epoch[0]["severity"] == "warning" and "10000" in epoch[0]["summary"]
+
+
+def test_hf_trainer_keys_in_wandb_mean_a_cumulative_epoch(tmp_path, capsys):
+    """HF's WandbCallback logs train/epoch = epochs done (0.4 = 40% of the first): nothing to misread."""
+    log = seed_incident(3)
+    rows = formats.wandb_rows(log.records)
+    for row in rows:
+        row["train/global_step"] = row.pop("global_step")
+        row["train/learning_rate"] = row.pop("train/lr")
+    path = tmp_path / "files" / "wandb-history.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    found = _doctor(capsys, str(tmp_path), "--config", _config(tmp_path, log.config))
+    assert not [f for f in found if f["code"] == "epoch_accounting"]
+    assert [f for f in found if f["code"] == "window_artifact"]

@@ -53,6 +53,12 @@ def unchecked(run: RunLog) -> dict[str, str]:
     need("checkpoint_stall", bool(run.of_kind("checkpoint")) or "time" in has, "checkpoint records or time stamps")
     need("logging_gap", "time" in has, "time stamps (only step gaps were looked for)")
     need("homogeneous_batches", "loss" in has or len(t.bucket_seq) > 0, "bucket ids or a loss field")
+    single = int(np.sum(np.diff(t.steps) == 1)) if len(t) > 1 else 0
+    need(
+        "homogeneous_batches",
+        len(t.bucket_seq) > 0 or "loss" not in has or single >= 200,
+        "bucket ids, or 200+ records of one step each (a window's average blurs the loss levels)",
+    )
     return {code: "; ".join(what) for code, what in needs.items()}
 
 

@@ -35,6 +35,7 @@ CHUNK_LINES = 50_000
 SNIFF_LINES = 400
 PROFILE_ROWS = 500
 METRICS = ("loss", "acc", "lr", "grad_norm")
+HF_KEYS = ("train/global_step", "train/learning_rate", "train/epoch")
 MISSING_BUCKET = -1
 MIXED_BUCKET = -2
 
@@ -108,6 +109,12 @@ class RunLog:
     def run_value(self, key: str) -> Any:
         """A top-level run_start value such as `total_steps`, `warmup_steps`, `batches_per_epoch`."""
         return (self.run_start or {}).get(key)
+
+    @property
+    def from_hf_trainer(self) -> bool:
+        """Written by a Hugging Face Trainer (its state file, or its W&B/TensorBoard keys), whose
+        `epoch` is the cumulative epoch count: 0.4 is 40% of the first epoch by definition."""
+        return self.log_format == "hf" or set(HF_KEYS) <= set(self.mapped.values())
 
     @property
     def ours(self) -> bool:

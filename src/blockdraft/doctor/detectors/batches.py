@@ -344,7 +344,7 @@ def _fractional_epoch(ctx: Context, rows: np.ndarray) -> list[Finding]:
         evidence["total_steps"] = float(total)
     if epochs_cfg:
         evidence["configured_epochs"] = epochs_cfg
-    cumulative = ctx.run.log_format == "hf" or float(np.nanmax(pos)) > 1.0001
+    cumulative = ctx.run.from_hf_trainer or float(np.nanmax(pos)) > 1.0001
     problems = []
     partial_last = epochs_cfg is not None and total is not None and math.ceil(total / per_epoch) == epochs_cfg
     if epochs_cfg and total and abs(per_epoch * epochs_cfg / total - 1) > 0.15 and not partial_last:
