@@ -21,10 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from blockdraft.doctor import synthetic
 from blockdraft.doctor.detectors import diagnose
 from blockdraft.doctor.findings import at_least
-from blockdraft.doctor.records import load_run, parse_log_bytes, parse_mapping
+from blockdraft.doctor.readers import load_run
+from blockdraft.doctor.records import parse_log_bytes, parse_mapping
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.doctor import synthetic  # noqa: E402  (the log generator is a test fixture, not package code)
 
 # A planted anomaly may legitimately bring these along (the same incident seen from another side).
 CONSEQUENCES = {

@@ -28,33 +28,47 @@ VERBS: dict[str, tuple[str, str]] = {
 }
 
 
-def _available_verbs() -> dict[str, object]:
-    """Verbs whose module exists; a verb still being built is simply not offered."""
-    modules = {}
-    for verb, (module_name, _) in VERBS.items():
-        try:
-            modules[verb] = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if not (exc.name and module_name.startswith(exc.name)):
-                raise
-    return modules
+def _verb_module(verb: str) -> object | None:
+    """The verb's module, or None for a verb still being built (its module does not exist yet)."""
+    module_name = VERBS[verb][0]
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if not (exc.name and module_name.startswith(exc.name)):
+            raise
+    return None
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+def _chosen_verb(argv: list[str]) -> str | None:
+    """The verb named on the command line: the first argument that is not an option."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in VERBS else None
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, dict[str, object]]:
+    """Only the chosen verb's module is imported: `--help` and `doctor` must not pay for torch."""
     parser = argparse.ArgumentParser(prog="blockdraft", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"blockdraft {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
-    modules = _available_verbs()
-    for verb, module in modules.items():
-        p = sub.add_parser(verb, help=VERBS[verb][1], description=VERBS[verb][1])
-        module.add_arguments(p)
+    chosen = _chosen_verb(sys.argv[1:] if argv is None else argv)
+    modules = {}
+    for verb, (_, help_text) in VERBS.items():
+        module = _verb_module(verb) if verb == chosen else None
+        if verb == chosen and module is None:
+            continue
+        p = sub.add_parser(verb, help=help_text, description=help_text)
+        if module is not None:
+            module.add_arguments(p)
+            modules[verb] = module
     return parser, modules
 
 
 def main(argv: list[str] | None = None) -> int:
     # fewer fragmentation OOMs with varying batch shapes; read at the first CUDA allocation
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    parser, modules = build_parser()
+    parser, modules = build_parser(argv)
     args = parser.parse_args(argv)
     if args.verb is None:
         parser.print_help()

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from blockdraft.doctor import synthetic
 from blockdraft.doctor.detectors import diagnose
 from blockdraft.doctor.findings import Finding
-from blockdraft.doctor.records import RunLog, load_run, parse_mapping
+from blockdraft.doctor.readers import load_run
+from blockdraft.doctor.records import RunLog, parse_mapping
+from tests.doctor import synthetic
 
 
 def analyse(tmp_path: Path, run: synthetic.SyntheticRun) -> tuple[RunLog, list[Finding]]:

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from blockdraft import cli
-from blockdraft.doctor import synthetic
+from tests.doctor import synthetic
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +64,57 @@ def test_command_module_imports_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_doctor_path_imports_neither_torch_nor_transformers(logs):
+    code = (
+        "import sys; from blockdraft import cli; "
+        f"rc = cli.main(['doctor', {str(logs[1])!r}, '--json']); "
+        "print(rc, [m for m in ('torch', 'transformers') if m in sys.modules], file=sys.stderr)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stderr.strip().splitlines()[-1] == "0 []"
+
+
+@pytest.mark.parametrize(
+    "name, content, fragment",
+    [
+        ("log.bin", b"\x00\x01\x02 not a log\n\x03\x04\n", "blockdraft doctor reads"),
+        ("trainer_state.json", b'{"log_history": 3}', "no log_history"),
+        ("export.csv", b"just one column\n1\n", "not a CSV with a header row"),
+    ],
+)
+def test_unreadable_logs_exit_2_naming_the_formats(tmp_path, capsys, name, content, fragment):
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert cli.main(["doctor", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_bad_config_file_exits_2(logs, tmp_path, capsys):
+    assert cli.main(["doctor", str(logs[0]), "--config", str(tmp_path / "none.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    assert cli.main(["doctor", str(logs[0]), "--config", str(bad)]) == 2
+    assert "mapping of settings" in capsys.readouterr().err
+
+
+def test_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
+    (tmp_path / "events.out.tfevents.1.host").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    assert cli.main(["doctor", str(tmp_path)]) == 2
+    assert "pip install 'blockdraft[tensorboard]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["doctor", "--help"]])
+def test_help_imports_neither_torch_nor_transformers(argv):
+    code = (
+        "import sys; from blockdraft import cli\n"
+        f"try:\n    cli.main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print([m for m in ('torch', 'transformers') if m in sys.modules], file=sys.stderr)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "VERB" in proc.stdout or "RUN_DIR_OR_LOG" in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1] == "[]"

@@ -28,3 +28,13 @@ def test_follow_picks_up_appended_lines(tmp_path):
     thread.join()
     assert [f.code for f in found] == ["nonfinite"]
     assert len(lines) == 1 and "ERROR nonfinite" in lines[0]
+
+
+def test_follow_lays_the_config_file_over_a_foreign_log(tmp_path):
+    from tests.doctor.seed_log import seed_incident
+
+    log = seed_incident(0)
+    path, _ = log.write(tmp_path)
+    lines: list[str] = []
+    follow(str(path), {}, stop=lambda: True, emit=lines.append, settings={"optim": {"betas": [0.9, 0.999]}})
+    assert any("optimizer_betas" in line and "WARNING" in line for line in lines)

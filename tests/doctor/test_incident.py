@@ -1,7 +1,7 @@
 """The seed incident end to end: every listed cause must show up, each under its own code."""
 
-from blockdraft.doctor import synthetic
 from blockdraft.doctor.findings import at_least
+from tests.doctor import synthetic
 
 from .conftest import analyse
 

@@ -2,8 +2,8 @@ import json
 import math
 import time
 
-from blockdraft.doctor import synthetic
 from blockdraft.doctor.live import LiveDoctor
+from tests.doctor import synthetic
 
 
 def _steps(n, **extra):

@@ -4,9 +4,11 @@ import math
 import numpy as np
 import pytest
 
-from blockdraft.doctor import records, synthetic
-from blockdraft.doctor.records import load_run, parse_log_bytes, parse_mapping
+from blockdraft.doctor import records
+from blockdraft.doctor.readers import load_run
+from blockdraft.doctor.records import parse_log_bytes, parse_mapping
 from blockdraft.errors import UserError
+from tests.doctor import synthetic
 
 from .conftest import write_records
 
@@ -85,24 +87,25 @@ def test_bad_mapping_is_a_user_error(text):
         parse_mapping(text)
 
 
-def test_fast_and_json_paths_agree(monkeypatch):
+def test_bulk_and_record_paths_agree():
+    """The JSONL bulk decoder and the record path (live doctor, foreign readers) build the same table."""
     run = synthetic.generate(1, anomalies=["nonfinite", "skipped_steps"], n_steps=1500, style="ours")
     recs = run.records
     for r in recs[100:110]:
         if r["kind"] == "step":
             r["buckets"] = [1, 2, 2]
     data = "".join(json.dumps(r) + "\n" for r in recs).encode()
-    fast = parse_log_bytes(data, {})
-    monkeypatch.setattr(records.fastjson, "PREFIXES", (b"@never",))
-    slow = parse_log_bytes(data, {})
-    assert len(fast.steps) == len(slow.steps)
-    for name in set(fast.steps.cols) | set(slow.steps.cols):
-        np.testing.assert_allclose(fast.steps.get(name), slow.steps.get(name), rtol=1e-4, err_msg=name)
-    np.testing.assert_array_equal(fast.steps.bucket, slow.steps.bucket)
-    np.testing.assert_array_equal(fast.steps.bucket_seq, slow.steps.bucket_seq)
-    assert fast.steps.skip_reasons == slow.steps.skip_reasons
-    assert (fast.steps.bucket == records.MIXED_BUCKET).sum() >= 1
-    assert fast.steps.nonfinite("loss").sum() == slow.steps.nonfinite("loss").sum() >= 1
+    bulk = parse_log_bytes(data, {})
+    each = records.run_from_records([json.loads(line) for line in data.splitlines()])
+    assert len(bulk.steps) == len(each.steps) == 1500
+    assert set(bulk.steps.cols) == set(each.steps.cols)
+    for name in bulk.steps.cols:
+        np.testing.assert_array_equal(bulk.steps.get(name), each.steps.get(name), err_msg=name)
+    np.testing.assert_array_equal(bulk.steps.bucket, each.steps.bucket)
+    np.testing.assert_array_equal(bulk.steps.bucket_seq, each.steps.bucket_seq)
+    assert bulk.steps.skip_reasons == each.steps.skip_reasons
+    assert (bulk.steps.bucket == records.MIXED_BUCKET).sum() >= 1
+    assert bulk.steps.nonfinite("loss").sum() == each.steps.nonfinite("loss").sum() >= 1
 
 
 def test_nan_literal_counts_as_nonfinite_but_null_does_not():
@@ -133,3 +136,14 @@ def test_a_guarded_step_shares_its_number_without_splitting_the_run():
     recs = [_step(i) for i in (1, 2, 3, 3, 4, 5)]
     data = "".join(json.dumps(r) + "\n" for r in recs).encode()
     assert parse_log_bytes(data, {}).steps.segment.tolist() == [0] * 6
+
+
+def test_iso_times_and_per_gpu_queue_dicts_are_read():
+    recs = [
+        {"iter": i, "avg_loss": 2.0, "timestamp": f"2026-11-29T10:{i:02d}:00Z", "queue": {"gpu0": 40, "gpu1": 10}}
+        for i in range(3)
+    ]
+    run = parse_log_bytes("".join(json.dumps(r) + "\n" for r in recs).encode(), {})
+    assert np.diff(run.steps.get("time")).tolist() == [60.0, 60.0]
+    assert run.steps.get("queue_depth").tolist() == [50.0, 50.0, 50.0]
+    assert run.mapped == {"step": "iter", "time": "timestamp", "loss": "avg_loss", "queue_depth": "queue"}

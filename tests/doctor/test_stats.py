@@ -28,3 +28,15 @@ def test_theil_sen_ignores_an_outlier():
     y = 2 * x
     y[5] = 500
     assert stats.theil_sen(x, y) == 2.0
+
+
+def test_mixture_levels_finds_the_seed_trimodal_loss_and_not_a_heavy_tail():
+    rng = np.random.default_rng(0)
+    bucket = rng.choice(6, size=3000, p=(0.08, 0.10, 0.09, 0.11, 0.10, 0.52))
+    x = np.log(np.array([1.0, 1.0, 1.7, 1.7, 2.6, 1.0]))[bucket] + 0.08 * rng.standard_normal(3000)
+    levels = stats.mixture_levels(x)
+    assert levels is not None and len(levels.means) == 3
+    np.testing.assert_allclose(np.exp(levels.means - levels.means[0]), [1.0, 1.7, 2.6], rtol=0.05)
+    np.testing.assert_allclose(levels.shares, [0.70, 0.20, 0.10], atol=0.03)
+    assert stats.mixture_levels(0.1 * rng.standard_t(3, 5000)) is None
+    assert stats.mixture_levels(np.log(rng.lognormal(0, 0.3, 5000) + rng.exponential(0.3, 5000))) is None

@@ -1,6 +1,6 @@
 import pytest
 
-from blockdraft.doctor import synthetic
+from tests.doctor import synthetic
 
 
 def test_clean_run_plants_nothing_and_is_deterministic():

@@ -96,7 +96,10 @@ def metric_chart(run: RunLog, findings: list[Finding], name: str, title: str, lo
                 label=f"bucket {b}",
                 alpha=0.6,
             )
-        ax.legend(loc="upper right", fontsize=7, markerscale=5, ncol=min(6, len(labels)))
+        rest = buckets < 0
+        if rest.any():
+            ax.plot(x[rest], y[rest], ".", ms=1.5, color="#444444", label="mixed buckets", alpha=0.6)
+        ax.legend(loc="upper right", fontsize=7, markerscale=5, ncol=min(7, len(labels) + 1))
     else:
         xm, ym = _reduce(x, y)
         ax.plot(xm, ym, lw=0.8, color="#1f77b4", label="median per point")
@@ -143,6 +146,7 @@ def lr_chart(run: RunLog, findings: list[Finding]) -> bytes | None:
         if noise is not None:
             ax2.plot(xn, noise, lw=0.8, ls=":", color="#2ca02c", label="noise std (configured)")
         ax2.set_ylabel("noise std")
+        ax2.set_ylim(bottom=0)
         ax2.legend(loc="lower right", fontsize=7)
     ax.legend(loc="upper right", fontsize=7)
     _shade(ax, findings, ("warmup_first_step", "lr_schedule_mismatch"))
@@ -154,11 +158,14 @@ def timing_chart(run: RunLog, findings: list[Finding]) -> bytes | None:
     t = run.steps
     if not (t.has("time") or t.has("step_time")):
         return None
-    fig, ax = _axes("time per step: wall clock between records, step_time, data wait", "seconds (log)")
+    fig, ax = _axes("time: wall clock between records and per step, step_time, data wait", "seconds (log)")
     if t.has("time") and len(t) > 1:
-        wall = np.concatenate([[np.nan], np.diff(t.get("time")) / np.maximum(np.diff(t.steps), 1)])
-        x, y = _reduce(t.steps, wall, "max")
-        ax.plot(x, y, lw=0.7, color="black", alpha=0.7, label="wall s per step (from time)")
+        between = np.concatenate([[np.nan], np.diff(t.get("time"))])
+        per_step = between / np.concatenate([[np.nan], np.maximum(np.diff(t.steps), 1)])
+        x, y = _reduce(t.steps, between, "max")
+        ax.plot(x, y, lw=0.7, color="#ff7f0e", alpha=0.8, label="wall s between records (gaps show here)")
+        x, y = _reduce(t.steps, per_step, "max")
+        ax.plot(x, y, lw=0.7, color="black", alpha=0.7, label="wall s per step")
     for name, color in (("step_time", "#1f77b4"), ("data_wait", "#d62728")):
         if t.has(name):
             x, y = _reduce(t.steps, t.get(name), "max")

@@ -13,7 +13,17 @@ LEVELS = ("info", "warning", "error")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", metavar="RUN_DIR_OR_LOG", help="a run folder (its log.jsonl) or a JSONL log file")
+    parser.add_argument(
+        "path",
+        metavar="RUN_DIR_OR_LOG",
+        help="a run folder or log: blockdraft log.jsonl, any JSONL, HF trainer_state.json or checkpoint folder, "
+        "W&B CSV or wandb-history.jsonl, TensorBoard event files",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the run's config (YAML/JSON, blockdraft's or another trainer's) so the settings checks can run",
+    )
     parser.add_argument("--json", action="store_true", help="print the findings as a JSON list instead of a table")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with charts")
     parser.add_argument(
@@ -38,25 +48,40 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.doctor.records import parse_mapping
 
     mapping = parse_mapping(args.mapping)
+    settings, read = _settings(args.config)
     if args.follow:
         from blockdraft.doctor.follow import follow
 
-        findings = follow(args.path, mapping, as_json=args.json)
+        findings = follow(args.path, mapping, as_json=args.json, settings=settings)
     else:
-        findings = _offline(args, mapping)
+        findings = _offline(args, mapping, settings, read)
     if args.fail_on and any(at_least(f.severity, args.fail_on) for f in findings):
         return 1
     return 0
 
 
-def _offline(args: argparse.Namespace, mapping: dict[str, str]) -> list:
+def _settings(path: str | None) -> tuple[dict | None, dict[str, str]]:
+    """The --config file's settings in our layout and where each came from (None without --config)."""
+    if not path:
+        return None, {}
+    from blockdraft.doctor.config_file import read_config
+
+    return read_config(path)
+
+
+def _offline(args: argparse.Namespace, mapping: dict[str, str], settings: dict | None, read: dict[str, str]) -> list:
     import json
 
     from blockdraft.doctor.console import print_report
     from blockdraft.doctor.detectors import diagnose
-    from blockdraft.doctor.records import load_run
+    from blockdraft.doctor.readers import load_run
 
     run = load_run(args.path, mapping)
+    if settings is not None:
+        from blockdraft.doctor.config_file import merge
+
+        run.config = merge(run.config, settings)
+        run.config_source, run.config_read = args.config, read
     findings = diagnose(run)
     if args.json:
         print(json.dumps([f.to_dict() for f in findings], indent=2))

@@ -28,22 +28,49 @@ class Context:
         return self.t.steps
 
     @cached_property
+    def loss_levels(self) -> stats.Levels | None:
+        """Distinct loss levels when the log names no buckets: homogeneous batches show as modes."""
+        if (self.t.bucket >= 0).any() or not self.t.has("loss") or self.n < 200:
+            return None
+        resid = self.pooled_loss_resid
+        single = self.dstep == 1
+        if self.windowed and np.isfinite(resid[single]).sum() >= 200:
+            # a 2-step window averages two batches: only 1-step records show the levels unblurred
+            return stats.mixture_levels(np.where(single, resid, np.nan))
+        return stats.mixture_levels(resid)
+
+    @cached_property
+    def pooled_loss_resid(self) -> np.ndarray:
+        """Log loss minus its running level, one group for all rows, after the first fall."""
+        fit = self._log_fit("loss", 1e-6, np.full(self.n, -1))
+        if fit is None:
+            return np.full(self.n, np.nan)
+        return np.where(self.first_fall_done, fit.resid, np.nan)
+
+    @cached_property
+    def first_fall_done(self) -> np.ndarray:
+        """Rows after the first 5% of the log, where the steep initial fall no longer dominates."""
+        return np.arange(self.n) >= max(self.trend_block, self.n // 20)
+
+    @cached_property
     def groups(self) -> np.ndarray:
-        """Bucket label per row for per-bucket baselines; rare buckets pool into one label."""
-        bucket = self.t.bucket.copy()
+        """Bucket label per row for per-bucket baselines (loss levels stand in when no buckets are
+        logged); rare labels pool into one."""
+        levels = self.loss_levels
+        bucket = levels.labels.copy() if levels is not None else self.t.bucket.copy()
         labels, counts = np.unique(bucket, return_counts=True)
         rare = labels[counts < 30]
         if len(rare):
             bucket[np.isin(bucket, rare)] = -1
         return bucket
 
-    def _log_fit(self, name: str, floor: float) -> stats.BucketFit | None:
+    def _log_fit(self, name: str, floor: float, groups: np.ndarray | None = None) -> stats.BucketFit | None:
         if not self.t.has(name) or self.n < 20:
             return None
         values = self.t.get(name)
-        ok = np.isfinite(values) & (values > 0) & ~self.small_window
+        ok = np.isfinite(values) & (values > 0) & ~self.unreliable
         y = np.where(ok, np.log(np.maximum(values, floor)), np.nan)
-        return stats.bucket_fit(y, self.groups, self.trend_block, self.t.segment)
+        return stats.bucket_fit(y, self.groups if groups is None else groups, self.trend_block, self.t.segment)
 
     @cached_property
     def trend_block(self) -> int:
@@ -87,6 +114,58 @@ class Context:
         return bool(len(d)) and float(np.mean(d == self.stride)) >= 0.9
 
     @cached_property
+    def zero_based(self) -> bool:
+        """The log counts the first update as step 0 (monitor threads often do), not as step 1."""
+        return bool(self.n) and self.step[0] == 0
+
+    @cached_property
+    def update(self) -> np.ndarray:
+        """The 1-based update number of each row, whatever the log starts counting from."""
+        return self.step + 1.0 if self.zero_based else self.step
+
+    @cached_property
+    def starts_at_first_update(self) -> bool:
+        return bool(self.n) and self.update[0] == 1
+
+    @cached_property
+    def windowed(self) -> bool:
+        """Records are averages over windows of steps (a window field, or records a few steps apart)."""
+        window = self.t.get("window")
+        if np.isfinite(window).any():
+            return float(np.nanmedian(window)) > 1
+        d = self.dstep[np.isfinite(self.dstep) & (self.dstep > 0)]
+        return bool(len(d)) and float(np.mean(d > 1)) >= 0.2
+
+    @cached_property
+    def gap_rows(self) -> np.ndarray:
+        """Rows that end a logging gap: far more steps since the previous record than the log's usual."""
+        d = self.dstep
+        ok = np.isfinite(d) & (d > 0)
+        if not ok.any():
+            return np.zeros(self.n, dtype=bool)
+        if self.regular_stride:
+            return ok & (d - self.stride >= max(3.0, 2.0 * self.stride))
+        usual = float(np.percentile(d[ok], 90))
+        return ok & (d >= max(8.0, 4.0 * usual))
+
+    @cached_property
+    def after_gap(self) -> np.ndarray:
+        """In a windowed log, the two records after a gap: short windows a single batch can dominate."""
+        out = np.zeros(self.n, dtype=bool)
+        if not self.windowed:
+            return out
+        for r in np.flatnonzero(self.gap_rows):
+            out[r + 1 : r + 3] = True
+        if self.n:
+            out &= np.concatenate([[False], self.t.segment[1:] == self.t.segment[:-1]])
+        return out
+
+    @cached_property
+    def unreliable(self) -> np.ndarray:
+        """Rows whose value says more about the monitor's window than about the model."""
+        return self.small_window | self.after_gap
+
+    @cached_property
     def small_window(self) -> np.ndarray:
         """Rows whose metric window covers far fewer steps than usual (windowed logs only)."""
         window = self.t.get("window")
@@ -118,6 +197,38 @@ class Context:
         lr = self.t.get("lr")
         lr = lr[np.isfinite(lr)]
         return float(lr.max()) if len(lr) else math.nan
+
+    @cached_property
+    def lr_schedule_end(self) -> float:
+        """Where the logged LR decay would reach zero, from its shape after the peak (NaN if unseen).
+
+        Each decaying row gives an end under a cosine and under a linear decay; the shape whose
+        estimates agree (smallest spread) is taken. Rough by nature: a hint, not a measurement.
+        """
+        lr = self.t.get("lr")
+        ok = np.isfinite(lr) & (lr > 0)
+        if ok.sum() < 50:
+            return math.nan
+        rows = np.flatnonzero(ok)
+        if self.starts_at_first_update:
+            rows = rows[1:]
+        v = lr[rows]
+        peak = float(v.max())
+        top = int(np.argmax(v >= 0.999 * peak))
+        warm = float(self.update[rows[top]])
+        tail = np.arange(len(v)) > top
+        r = v / peak
+        best = (math.inf, math.nan)
+        for shape in ("cosine", "linear"):
+            frac = np.arccos(np.clip(2 * r - 1, -1, 1)) / np.pi if shape == "cosine" else 1 - r
+            use = tail & (frac >= 0.005) & (r >= 0.05)
+            if use.sum() < 10:
+                continue
+            ends = np.log(warm + (self.update[rows[use]] - warm) / frac[use])
+            spread = float(np.median(np.abs(ends - np.median(ends))))
+            if spread < best[0]:
+                best = (spread, float(np.exp(np.median(ends))))
+        return best[1] if best[0] <= 0.05 else math.nan
 
     def rows_between(self, first_step: float, last_step: float) -> np.ndarray:
         return np.flatnonzero((self.step >= first_step) & (self.step <= last_step))

@@ -6,11 +6,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from blockdraft.doctor.config_file import merge
 from blockdraft.doctor.console import finding_line
 from blockdraft.doctor.detectors import diagnose
 from blockdraft.doctor.findings import Finding
 from blockdraft.doctor.live import LiveDoctor, tail_records
-from blockdraft.doctor.records import parse_log_bytes, resolve_log_path
+from blockdraft.doctor.readers import resolve_log_path
+from blockdraft.doctor.records import parse_log_bytes
 
 
 def follow(
@@ -20,19 +22,24 @@ def follow(
     poll_s: float = 1.0,
     stop: Callable[[], bool] | None = None,
     emit: Callable[[str], Any] = print,
+    settings: dict[str, Any] | None = None,
 ) -> list[Finding]:
-    """Print findings as they appear until the run writes run_end (or `stop()` says so)."""
+    """Print findings as they appear until the run writes run_end (or `stop()` says so).
+
+    `settings` (from --config) are laid over the log's own config for every analysis."""
     log_path = resolve_log_path(path)
     data = log_path.read_bytes()
     offset = data.rfind(b"\n") + 1
     shown: list[Finding] = []
-    doctor = LiveDoctor(mapping=mapping, min_severity="info")
+    doctor = LiveDoctor(config=settings, mapping=mapping, min_severity="info")
     if offset:
         run = parse_log_bytes(data[:offset], mapping, source=str(log_path))
+        if settings:
+            run.config = merge(run.config, settings)
         shown = diagnose(run)
         for f in shown:
             emit(json.dumps(f.to_dict()) if as_json else finding_line(f))
-        doctor = LiveDoctor(run_start=run.run_start, mapping=mapping, min_severity="info")
+        doctor = LiveDoctor(config=run.config, run_start=run.run_start, mapping=mapping, min_severity="info")
         doctor.mark_reported(shown)
         tail = data[:offset].splitlines()[-doctor.window :]
         doctor.prime([json.loads(line) for line in tail if line.strip().startswith(b"{") and _valid(line)])

@@ -6,6 +6,8 @@ import base64
 import html
 from pathlib import Path
 
+import numpy as np
+
 from blockdraft.doctor import charts
 from blockdraft.doctor.console import describe, unchecked
 from blockdraft.doctor.findings import Finding
@@ -86,9 +88,11 @@ def _fmt(value: object) -> str:
 
 
 def _charts(run: RunLog, findings: list[Finding]) -> list[tuple[str, bytes]]:
+    per = "per step" if _per_step(run) else "per record (each the average of a window of steps)"
+    coloured = " (colour = length bucket)" if (run.steps.bucket >= 0).any() else ""
     made = [
-        ("loss", charts.metric_chart(run, findings, "loss", "loss per step (colour = length bucket)", log_y=True)),
-        ("accuracy", charts.metric_chart(run, findings, "acc", "accuracy per step")),
+        ("loss", charts.metric_chart(run, findings, "loss", f"loss {per}{coloured}", log_y=True)),
+        ("accuracy", charts.metric_chart(run, findings, "acc", f"accuracy {per}{coloured}")),
         ("acceptance", charts.eval_chart(run)),
         ("learning rate", charts.lr_chart(run, findings)),
         ("grad norm", charts.metric_chart(run, findings, "grad_norm", "gradient norm (before clipping)", log_y=True)),
@@ -99,3 +103,9 @@ def _charts(run: RunLog, findings: list[Finding]) -> list[tuple[str, bytes]]:
         ("loss by bucket", charts.bucket_hist_chart(run)),
     ]
     return [(caption, png) for caption, png in made if png is not None]
+
+
+def _per_step(run: RunLog) -> bool:
+    """One record per optimizer step (our logs); a windowed monitor's records average several."""
+    steps = run.steps.steps
+    return len(steps) < 2 or bool(np.median(np.diff(steps)) <= 1 and np.mean(np.diff(steps) > 1) < 0.2)

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from blockdraft.doctor import stats
 from blockdraft.doctor.records import RunLog
 
 
@@ -21,7 +22,31 @@ def _positive_int(value: object) -> int | None:
 
 
 def total_steps(run: RunLog) -> int | None:
-    return _positive_int(run.run_value("total_steps")) or _positive_int(run.setting("train", "max_steps"))
+    """Updates in the whole run: run_start's, the config's max_steps, or epochs x steps per epoch
+    (configured, else measured from the log's epoch field)."""
+    known = _positive_int(run.run_value("total_steps")) or _positive_int(run.setting("train", "max_steps"))
+    if known:
+        return known
+    epochs = run.setting("train", "epochs")
+    if not isinstance(epochs, int | float) or epochs <= 0:
+        return None
+    per_epoch = _positive_int(run.setting("train", "steps_per_epoch")) or logged_steps_per_epoch(run)
+    return int(round(float(epochs) * per_epoch)) if per_epoch else None
+
+
+def logged_steps_per_epoch(run: RunLog) -> int | None:
+    """Steps per epoch from the slope of the log's epoch position (a fractional epoch, or epoch plus
+    epoch_progress) over the first run segment; None without an epoch field."""
+    t = run.steps
+    if t.has("epoch_pos"):
+        pos = t.get("epoch_pos")
+    elif t.has("epoch_progress"):
+        pos = np.nan_to_num(t.get("epoch"), nan=0.0) + t.get("epoch_progress")
+    else:
+        return None
+    ok = np.isfinite(pos) & (t.segment == t.segment[0])
+    rise = stats.slope(t.steps[ok], pos[ok]) if ok.sum() >= 50 else math.nan
+    return _positive_int(1.0 / rise) if rise > 0 else None
 
 
 def warmup_steps(run: RunLog) -> int | None:
@@ -59,12 +84,16 @@ def lr_curve(
     return peak * np.where(k <= warmup, np.clip(k, 0, None) / warmup, decay)
 
 
-def expected_lr(run: RunLog, k: np.ndarray, decay_from_zero: bool = False) -> np.ndarray | None:
-    """The configured LR at updates `k`, or None when the config does not pin it down."""
+def expected_lr(
+    run: RunLog, k: np.ndarray, decay_from_zero: bool = False, shape: str | None = None
+) -> np.ndarray | None:
+    """The configured LR at updates `k`, or None when the config does not pin it down.
+
+    `shape` overrides the configured schedule (cosine when the config names none)."""
     peak = run.setting("optim", "lr")
     total = total_steps(run)
     warmup = warmup_steps(run)
-    schedule = run.setting("optim", "schedule") or "cosine"
+    schedule = shape or run.setting("optim", "schedule") or "cosine"
     min_ratio = run.setting("optim", "min_lr_ratio") or 0.0
     if not isinstance(peak, int | float) or peak <= 0 or total is None or warmup is None:
         return None

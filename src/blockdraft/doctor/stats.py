@@ -6,6 +6,7 @@ rather than means so a spike or a bad bucket cannot drag the baseline it is judg
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,12 +15,20 @@ MAD_TO_SIGMA = 1.4826
 
 
 def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Medians of consecutive blocks of `size` (NaN-aware) and each block's centre index."""
+    """Medians of consecutive blocks of `size` (NaN-aware) and each block's centre index.
+
+    A remainder shorter than half a block joins the last full block: a block of one or two rows
+    has a median equal to its own values, which would pin the level (and zero the scale) at the end.
+    """
     n = len(x)
     if n == 0:
         return np.zeros(0), np.zeros(0)
     size = max(1, min(size, n))
     full = n // size
+    rest = n - full * size
+    if full >= 2 and 0 < rest < size / 2:
+        full -= 1
+        rest += size
     meds = []
     centres = []
     if full:
@@ -27,10 +36,10 @@ def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
         with np.errstate(all="ignore"):
             meds.append(_nanmedian_rows(head))
         centres.append(np.arange(full) * size + (size - 1) / 2.0)
-    if n - full * size:
+    if rest:
         tail = x[full * size :]
         meds.append(np.array([np.nanmedian(tail) if np.isfinite(tail).any() else np.nan]))
-        centres.append(np.array([full * size + (n - full * size - 1) / 2.0]))
+        centres.append(np.array([full * size + (rest - 1) / 2.0]))
     return np.concatenate(meds), np.concatenate(centres)
 
 
@@ -44,9 +53,10 @@ def _nanmedian_rows(rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def smooth_trend(x: np.ndarray, size: int) -> np.ndarray:
+def smooth_trend(x: np.ndarray, size: int, extrapolate: bool = True) -> np.ndarray:
     """A robust running level of `x`: block medians, a 3-block median, linear interpolation back
-    (extrapolated at both ends, so the steep first steps of a run are not judged against a flat level)."""
+    (extrapolated at both ends, so the steep first steps of a run are not judged against a flat level;
+    a scale must not be, or its falling tail reaches the floor and every last row looks extreme)."""
     n = len(x)
     if n == 0:
         return np.zeros(0)
@@ -59,7 +69,7 @@ def smooth_trend(x: np.ndarray, size: int) -> np.ndarray:
         padded = np.concatenate([meds[:1], meds, meds[-1:]])
         meds = np.median(np.stack([padded[:-2], padded[1:-1], padded[2:]]), axis=0)
     level = np.interp(np.arange(n), centres, meds)
-    if len(meds) >= 2:
+    if extrapolate and len(meds) >= 2:
         head = np.arange(n) < centres[0]
         tail = np.arange(n) > centres[-1]
         level[head] = meds[0] + (np.flatnonzero(head) - centres[0]) * (meds[1] - meds[0]) / (centres[1] - centres[0])
@@ -102,7 +112,7 @@ def bucket_fit(y: np.ndarray, groups: np.ndarray, size: int, segment: np.ndarray
         trend = smooth_trend(np.where(ok, y - offsets[inverse], np.nan), size)
     offset = offsets[inverse] if n else np.zeros(0)
     resid = y - trend - offset
-    sigma = MAD_TO_SIGMA * smooth_trend(np.abs(resid), max(size * 8, 200))
+    sigma = MAD_TO_SIGMA * smooth_trend(np.abs(resid), max(size * 8, 200), extrapolate=False)
     floor = max(1e-3, 0.2 * (np.nanmedian(sigma) if np.isfinite(sigma).any() else 1e-3))
     sigma = np.maximum(np.nan_to_num(sigma, nan=floor), floor)
     return BucketFit(trend=trend, offset=offset, groups=inverse, labels=labels, resid=resid, sigma=sigma)
@@ -192,6 +202,17 @@ def events(flags: np.ndarray, max_gap: int = 1) -> list[tuple[int, int]]:
     return list(zip(firsts.tolist(), lasts.tolist(), strict=True))
 
 
+def slope(x: np.ndarray, y: np.ndarray) -> float:
+    """Least-squares slope over a subsample: epochs and progress are smooth, so this is enough."""
+    if len(x) < 2:
+        return math.nan
+    idx = np.linspace(0, len(x) - 1, num=min(len(x), 2000)).astype(int)
+    xs, ys = x[idx], y[idx]
+    if np.ptp(xs) == 0:
+        return math.nan
+    return float(np.polyfit(xs, ys, 1)[0])
+
+
 def theil_sen(x: np.ndarray, y: np.ndarray) -> float:
     """Median of pairwise slopes: a trend that a few outlying blocks cannot bend."""
     ok = np.isfinite(x) & np.isfinite(y)
@@ -216,9 +237,75 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def lag1_autocorr(x: np.ndarray) -> float:
-    x = x[np.isfinite(x)]
-    if len(x) < 10 or x.std() == 0:
-        return float("nan")
-    x = x - x.mean()
-    return float(np.dot(x[:-1], x[1:]) / np.dot(x, x))
+@dataclass
+class Levels:
+    """Distinct levels of a series: each row's level (0 = lowest) and each level's mean, sd, share."""
+
+    labels: np.ndarray
+    means: np.ndarray
+    sds: np.ndarray
+    shares: np.ndarray
+
+
+def mixture_levels(x: np.ndarray, max_k: int = 4, sample: int = 20000, seed: int = 0) -> Levels | None:
+    """A 1-D Gaussian mixture chosen by BIC; None unless it finds >= 2 well separated levels.
+
+    Separated means Ashman's D = sqrt(2) |mu_a - mu_b| / sqrt(sd_a^2 + sd_b^2) >= SEPARATION for
+    adjacent levels (2 is the usual bound for a clearly bimodal pair) and each level holding at least
+    MIN_SHARE of the rows, so a heavy-tailed or skewed single mode (which a mixture also fits better
+    than one Gaussian, with a narrow and a wide component) does not count as several.
+    """
+    ok = np.flatnonzero(np.isfinite(x))
+    if len(ok) < 100:
+        return None
+    rng = np.random.default_rng(seed)
+    fit_rows = ok if len(ok) <= sample else np.sort(rng.choice(ok, size=sample, replace=False))
+    v = x[fit_rows]
+    best: tuple[float, np.ndarray, np.ndarray, np.ndarray] | None = None
+    lo, hi = np.quantile(v, (0.01, 0.99))
+    for k in range(1, max_k + 1):
+        starts = (np.quantile(v, (np.arange(k) + 0.5) / k), np.linspace(lo, hi, k))
+        w, mu, sd, ll = max((_em(v, start) for start in starts), key=lambda fit: fit[3])
+        bic = -2.0 * ll + (3 * k - 1) * math.log(len(v))
+        ashman = math.sqrt(2.0) * np.diff(mu) / np.sqrt(sd[1:] ** 2 + sd[:-1] ** 2)
+        separated = k == 1 or (bool(np.all(ashman >= SEPARATION)) and bool(np.all(w >= MIN_SHARE)))
+        if separated and (best is None or bic < best[0] - 10.0):
+            best = (bic, w, mu, sd)
+    if best is None or len(best[1]) < 2:
+        return None
+    _, w, mu, sd = best
+    labels = np.full(len(x), -1, dtype=np.int64)
+    labels[ok] = np.argmax(_log_resp(x[ok], w, mu, sd), axis=1)
+    return Levels(labels=labels, means=mu, sds=sd, shares=w)
+
+
+SEPARATION = 2.0
+MIN_SHARE = 0.03
+
+
+def _log_resp(v: np.ndarray, w: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    z = (v[:, None] - mu[None, :]) / sd[None, :]
+    return np.log(w)[None, :] - np.log(sd)[None, :] - 0.5 * z * z
+
+
+def _em(v: np.ndarray, start: np.ndarray, iters: int = 60) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """EM for a 1-D Gaussian mixture from the given starting means; components sorted by mean."""
+    k = len(start)
+    mu = start.astype(float)
+    sd = np.full(k, max(float(np.std(v)) / k, 1e-6))
+    w = np.full(k, 1.0 / k)
+    ll = -math.inf
+    for _ in range(iters):
+        lr = _log_resp(v, w, mu, sd)
+        top = lr.max(axis=1, keepdims=True)
+        resp = np.exp(lr - top)
+        total = resp.sum(axis=1, keepdims=True)
+        ll = float(np.sum(np.log(total) + top) - 0.5 * len(v) * math.log(2 * math.pi))
+        resp /= total
+        nk = resp.sum(axis=0) + 1e-12
+        w = nk / len(v)
+        mu = (resp * v[:, None]).sum(axis=0) / nk
+        sd = np.sqrt((resp * (v[:, None] - mu[None, :]) ** 2).sum(axis=0) / nk)
+        sd = np.maximum(sd, 1e-4 + 1e-3 * float(np.std(v)))
+    order = np.argsort(mu)
+    return w[order], mu[order], sd[order], ll

@@ -1,7 +1,9 @@
 import json
 import math
 
-from blockdraft.doctor.records import parse_log_bytes
+from blockdraft.doctor.detectors import diagnose
+from blockdraft.doctor.records import parse_log_bytes, run_from_records
+from tests.doctor import synthetic
 
 from ..conftest import codes
 
@@ -75,3 +77,14 @@ def test_plateau_is_info_and_located(run_factory):
     found = _find(findings, "plateau")
     assert found and found[0].severity == "info"
     assert found[0].steps[0] <= run.planted[0].steps[0] + 0.4 * 3000
+
+
+def test_no_spike_at_the_end_of_a_clean_log_cut_anywhere():
+    """--follow and the live doctor look at a log that ends mid-run: its last rows must not be judged
+    against a level or scale pinned by a one-row tail block (seed 105 cut at 1601 rows did that)."""
+    records = synthetic.generate(105, n_steps=3000, style="ours").records
+    step_lines = [i for i, r in enumerate(records) if r["kind"] == "step"]
+    for rows in (401, 801, 1201, 1601, 2001, 2401):
+        findings = diagnose(run_from_records(records[: step_lines[rows - 1] + 1]))
+        late = [f for f in findings if f.code == "loss_spike" and f.steps[1] >= rows - 10]
+        assert not late, (rows, late[0].summary)

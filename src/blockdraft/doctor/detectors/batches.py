@@ -6,11 +6,14 @@ import math
 
 import numpy as np
 
-from blockdraft.doctor import stats
+from blockdraft.data.batching import lag1_autocorr
+from blockdraft.doctor import schedule, stats
 from blockdraft.doctor.context import Context
 from blockdraft.doctor.findings import Finding
 
 DEFAULT_MAX_RUN = 3
+MIN_LEVEL_SPREAD = 1.25
+INTERLEAVED_MAX_R1 = -0.05
 
 
 def _batch_order(ctx: Context) -> dict[str, float] | None:
@@ -30,7 +33,7 @@ def _batch_order(ctx: Context) -> dict[str, float] | None:
         over = lengths > limit
         counts = np.bincount(seq[seq >= 0]) if (seq >= 0).any() else np.zeros(1)
         shares = counts / max(1, counts.sum())
-        r1 = stats.lag1_autocorr(seq.astype(float))
+        r1 = lag1_autocorr(seq)
         out = {
             "limit": limit,
             "max_run": int(lengths.max()),
@@ -45,17 +48,48 @@ def _batch_order(ctx: Context) -> dict[str, float] | None:
         out["violated"] = float(
             out["share_in_long_runs"] >= 0.05 or out["max_run"] >= 3 * limit or (math.isfinite(r1) and r1 >= 0.5)
         )
+    elif ctx.loss_levels is not None:
+        out = _level_order(ctx, ctx.loss_levels)
     elif np.isfinite(ctx.t.get("seq_len_max")).sum() >= 100:
-        r1 = stats.lag1_autocorr(ctx.t.get("seq_len_max"))
+        lengths = ctx.t.get("seq_len_max")
+        r1 = lag1_autocorr(lengths[np.isfinite(lengths)])
         out = {"lag1_autocorr": r1, "violated": float(math.isfinite(r1) and r1 >= 0.5)}
     ctx.shared["batch_order"] = out
     return out
+
+
+def _level_order(ctx: Context, levels: stats.Levels) -> dict[str, float]:
+    """Whether loss levels alternate like interleaved buckets, for a log without bucket ids.
+
+    With buckets interleaved, a high-loss batch is followed by another bucket's, so the detrended loss
+    is anti-correlated from one record to the next; drawn at random (or in runs) it is not.
+    """
+    keep = (levels.labels >= 0) & ~ctx.unreliable & ctx.first_fall_done
+    seq = levels.labels[keep]
+    _, lengths, _ = stats.runs(seq)
+    shares = np.bincount(seq, minlength=len(levels.means)) / max(1, len(seq))
+    resid = ctx.pooled_loss_resid[~ctx.unreliable]
+    r1 = lag1_autocorr(resid[np.isfinite(resid)])
+    spread = math.exp(float(levels.means[-1] - levels.means[0]))
+    return {
+        "from_loss_levels": 1,
+        "levels": len(levels.means),
+        "level_ratios": [float(math.exp(m - levels.means[0])) for m in levels.means],
+        "level_shares": shares.tolist(),
+        "max_run": int(lengths.max()) if len(lengths) else 0,
+        "top_share": float(shares.max()),
+        "lag1_autocorr": r1,
+        "spread": spread,
+        "violated": float(len(seq) >= 200 and spread >= MIN_LEVEL_SPREAD and r1 >= INTERLEAVED_MAX_R1),
+    }
 
 
 def homogeneous_batches(ctx: Context) -> list[Finding]:
     info = _batch_order(ctx)
     if not info or not info["violated"]:
         return []
+    if info.get("from_loss_levels"):
+        return [_homogeneous_from_levels(ctx, info)]
     parts = []
     if "max_run" in info:
         parts.append(
@@ -83,6 +117,30 @@ def homogeneous_batches(ctx: Context) -> list[Finding]:
             spans=_long_run_spans(ctx, info),
         )
     ]
+
+
+def _homogeneous_from_levels(ctx: Context, info: dict) -> Finding:
+    pairs = zip(info["level_ratios"], info["level_shares"], strict=True)
+    ratios = ", ".join(f"x{r:.2f} ({100 * sh:.0f}%)" for r, sh in pairs)
+    return Finding(
+        code="homogeneous_batches",
+        severity="warning",
+        steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+        summary=(
+            f"likely: the log names no buckets, but its loss has {info['levels']} distinct levels "
+            f"({ratios} of records) that follow each other at random (lag-1 autocorrelation "
+            f"{info['lag1_autocorr']:.2f}; interleaved buckets alternate, below {INTERLEAVED_MAX_R1}), runs up to "
+            f"{info['max_run']} records: each batch seems drawn from one length bucket, and buckets are not "
+            "interleaved"
+        ),
+        evidence={k: v for k, v in info.items() if isinstance(v, int | float) and k != "violated"},
+        advice=(
+            "Interleave length buckets proportionally (at most 3 same-bucket batches in a row) so every bucket "
+            "drains at the same pace; log each step's bucket id to confirm (the doctor then checks the order "
+            "itself instead of inferring it from the loss)."
+        ),
+        weight=info["spread"],
+    )
 
 
 def _long_run_spans(ctx: Context, info: dict[str, float]) -> list[tuple[int, int]]:
@@ -127,19 +185,29 @@ def bucket_loss_modes(ctx: Context) -> list[Finding]:
         return []
     order = _batch_order(ctx)
     homogeneous = bool(order and order["violated"])
-    ratios = ", ".join(f"b{b}: {math.exp(o):.2f}x" for b, o in sorted(modes["offsets"].items()))
-    evidence = {"eta2": modes["eta2"], "spread": modes["spread"]}
+    inferred = ctx.loss_levels is not None
+    name = "level" if inferred else "bucket"
+    ratios = ", ".join(f"{name[0]}{b}: {math.exp(o):.2f}x" for b, o in sorted(modes["offsets"].items()))
+    share = 100 * min(1.0, modes["eta2"])
+    evidence = {"eta2": min(1.0, modes["eta2"]), "spread": modes["spread"], "inferred_levels": int(inferred)}
     evidence.update({f"bucket_{b}_ratio": math.exp(o) for b, o in modes["offsets"].items()})
-    if homogeneous:
+    if inferred:
+        summary = (
+            f"loss jumps between {len(modes['offsets'])} levels ({ratios}; they explain {share:.0f}% of its "
+            "spread), most likely one per length bucket (the log names none)"
+            + (": with batches not mixed the 'resets' are buckets, not the model" if homogeneous else "")
+        )
+        advice = "Log each step's bucket id; judge progress per level, not on the raw curve."
+    elif homogeneous:
         summary = (
             f"loss has one mode per length bucket ({ratios}; bucket explains "
-            f"{100 * modes['eta2']:.0f}% of its spread) and batches are not mixed, so the curve jumps "
+            f"{share:.0f}% of its spread) and batches are not mixed, so the curve jumps "
             "between modes: the 'resets' are buckets, not the model"
         )
         advice = "Fix the batch order (see homogeneous_batches); judge progress per bucket, not on the raw curve."
     else:
         summary = (
-            f"loss level differs by length bucket ({ratios}); bucket explains {100 * modes['eta2']:.0f}% "
+            f"loss level differs by length bucket ({ratios}); bucket explains {share:.0f}% "
             "of the step-to-step spread, so the bands in the curve are buckets, not instability"
         )
         advice = "Nothing to fix; read the loss per bucket (the report's per-bucket plot) when comparing runs."
@@ -165,6 +233,8 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
     steps = ctx.step[rows]
     problems: list[str] = []
     evidence: dict[str, float] = {}
+    if t.has("epoch_pos"):
+        return _fractional_epoch(ctx, rows)
     epoch, ep, prog = t.get("epoch")[rows], t.get("epoch_progress")[rows], t.get("progress")[rows]
     implied_spe = math.nan
     if np.isfinite(ep).sum() >= 50:
@@ -176,13 +246,13 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
             back = np.diff(epoch[np.isfinite(epoch)]) < 0
             if back.any():
                 problems.append("the epoch counter goes backwards within one run segment")
-        slope = _slope(steps[ok], pos[ok])
+        slope = stats.slope(steps[ok], pos[ok])
         if slope > 0:
             implied_spe = 1.0 / slope
             evidence["steps_per_epoch_from_epoch"] = implied_spe
     implied_total = math.nan
     if np.isfinite(prog).sum() >= 50:
-        slope = _slope(steps[np.isfinite(prog)], prog[np.isfinite(prog)])
+        slope = stats.slope(steps[np.isfinite(prog)], prog[np.isfinite(prog)])
         if slope > 0:
             implied_total = 1.0 / slope
             evidence["total_steps_from_progress"] = implied_total
@@ -247,12 +317,72 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
     ]
 
 
-def _slope(x: np.ndarray, y: np.ndarray) -> float:
-    """Least-squares slope over a subsample: epochs and progress are smooth, so this is enough."""
-    if len(x) < 2:
-        return math.nan
-    idx = np.linspace(0, len(x) - 1, num=min(len(x), 2000)).astype(int)
-    xs, ys = x[idx], y[idx]
-    if np.ptp(xs) == 0:
-        return math.nan
-    return float(np.polyfit(xs, ys, 1)[0])
+def _fractional_epoch(ctx: Context, rows: np.ndarray) -> list[Finding]:
+    """A foreign log's fractional `epoch`: which fraction it is (of one epoch or of the run), said plainly.
+
+    Steps per epoch come from its slope; the run's length from the config (total steps, epochs) or,
+    failing that, from where the logged LR decay ends. A value that stays below 1 while the run has
+    several epochs is the fraction of ONE epoch: read as the run's progress it overstates it.
+    """
+    pos = ctx.t.get("epoch_pos")[rows]
+    updates = ctx.update[rows]
+    ok = np.isfinite(pos)
+    slope = stats.slope(updates[ok], pos[ok])
+    if not slope > 0:
+        return []
+    per_epoch = 1.0 / slope
+    last_row = rows[np.flatnonzero(ok)[-1]]
+    last, at = float(ctx.t.get("epoch_pos")[last_row]), ctx.step_at(last_row)
+    total = schedule.total_steps(ctx.run)
+    total_from = "the run's settings"
+    if total is None and math.isfinite(ctx.lr_schedule_end):
+        total, total_from = int(ctx.lr_schedule_end), "the LR schedule's decay"
+    epochs_cfg = ctx.run.setting("train", "epochs")
+    epochs_cfg = float(epochs_cfg) if isinstance(epochs_cfg, int | float) and epochs_cfg > 0 else None
+    evidence: dict[str, float] = {"steps_per_epoch_from_epoch": per_epoch, "epoch_at_last": last}
+    if total:
+        evidence["total_steps"] = float(total)
+    if epochs_cfg:
+        evidence["configured_epochs"] = epochs_cfg
+    cumulative = ctx.run.from_hf_trainer or float(np.nanmax(pos)) > 1.0001
+    problems = []
+    partial_last = epochs_cfg is not None and total is not None and math.ceil(total / per_epoch) == epochs_cfg
+    if epochs_cfg and total and abs(per_epoch * epochs_cfg / total - 1) > 0.15 and not partial_last:
+        if abs(per_epoch / total - 1) <= 0.15 and epochs_cfg > 1:
+            problems.append(
+                f"`epoch` reaches 1 at ~{per_epoch:.0f} steps, the whole run ({total} steps by {total_from}): "
+                f"it is the run's progress, not epochs, although the run has {epochs_cfg:g} epochs"
+            )
+        else:
+            problems.append(
+                f"`epoch` advances one per {per_epoch:.0f} steps, so {epochs_cfg:g} epochs make "
+                f"{per_epoch * epochs_cfg:.0f} steps, but {total_from} says {total}"
+            )
+    elif not cumulative:
+        epochs = epochs_cfg or (total / per_epoch if total else None)
+        if epochs is not None and epochs >= 1.5:
+            run_share = 100.0 * float(updates[np.flatnonzero(ok)[-1]]) / (per_epoch * epochs)
+            source = f"epochs={epochs_cfg:g}" if epochs_cfg else f"{total_from} (~{total} steps)"
+            problems.append(
+                f"`epoch` = {last:.2f} at step {at} is the fraction of ONE epoch, not of the run: "
+                f"{per_epoch:.0f} steps per epoch and {epochs:.0f} epochs by {source}, so the run is "
+                f"{run_share:.1f}% done, not {100 * last:.0f}%"
+            )
+            evidence["run_progress_pct"] = run_share
+    if not problems:
+        return []
+    return [
+        Finding(
+            code="epoch_accounting",
+            severity="warning",
+            steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
+            summary="; ".join(problems),
+            evidence=evidence,
+            advice=(
+                "Log the epoch as an integer plus epoch_progress (0..1 of this epoch) and progress (0..1 of the "
+                "run), counted in optimizer steps (batches / grad_accum / world size); warmup, LR schedule and ETA "
+                "estimates built on a misread epoch are off by the number of epochs."
+            ),
+            weight=float(len(problems)),
+        )
+    ]

@@ -15,8 +15,8 @@ LR_TOLERANCE = 0.05
 
 
 def _first_rows(ctx: Context) -> np.ndarray | None:
-    """Rows of the first segment when the log starts at update 1 (not a resumed or windowed log)."""
-    if not ctx.n or ctx.step[0] != 1 or not ctx.t.has("lr"):
+    """Rows of the first segment when the log starts at the first update (step 0 or 1, as it counts)."""
+    if not ctx.starts_at_first_update or not ctx.t.has("lr"):
         return None
     return np.flatnonzero(ctx.t.segment == ctx.t.segment[0])
 
@@ -24,7 +24,7 @@ def _first_rows(ctx: Context) -> np.ndarray | None:
 def _lag_one(ctx: Context, rows: np.ndarray) -> bool:
     """True when the logged LR equals the schedule of the previous update (warmup one step late)."""
     lr = ctx.t.get("lr")[rows[1:]]
-    prev = schedule.expected_lr(ctx.run, ctx.step[rows[1:]] - 1)
+    prev = schedule.expected_lr(ctx.run, ctx.update[rows[1:]] - 1)
     if prev is None:
         return False
     ok = np.isfinite(lr)
@@ -44,7 +44,8 @@ def warmup_first_step(ctx: Context) -> list[Finding]:
     warm = schedule.warmup_steps(ctx.run)
     if not math.isfinite(lr1) or not math.isfinite(peak) or peak <= 0:
         return []
-    evidence = {"lr_step_1": lr1, "lr_step_2": lr2, "peak_lr": peak}
+    first, second = ctx.step_at(rows[0]), ctx.step_at(rows[1])
+    evidence = {"lr_step_1": lr1, "lr_step_2": lr2, "peak_lr": peak, "first_step": first, "second_step": second}
     if warm is not None:
         evidence["warmup_steps"] = warm
         if warm < 2:
@@ -57,12 +58,12 @@ def warmup_first_step(ctx: Context) -> list[Finding]:
     at_zero = lr1 == 0.0 and math.isfinite(lr2) and lr2 > 0
     if not (at_peak or at_zero):
         return []
-    if schedule.expected_lr(ctx.run, ctx.step[:1]) is not None:
+    if schedule.expected_lr(ctx.run, ctx.update[:1]) is not None:
         evidence["lr_lags_schedule_by_one"] = int(_lag_one(ctx, rows))
     if at_peak:
         summary = (
-            f"the first update ran at {lr1:.3g} ({100 * lr1 / peak:.0f}% of peak) before warmup started "
-            f"(step 2 used {lr2:.3g})"
+            f"the first update (step {first}) ran at {lr1:.3g} ({100 * lr1 / peak:.0f}% of peak) before warmup "
+            f"started (step {second} used {lr2:.3g})"
         )
         advice = (
             "Compute the LR for update k (1-based) as lr*k/W before the optimizer step; a first Adam step "
@@ -75,12 +76,12 @@ def warmup_first_step(ctx: Context) -> list[Finding]:
         Finding(
             code="warmup_first_step",
             severity="warning",
-            steps=(1, 1),
+            steps=(first, first),
             summary=summary,
             evidence=evidence,
             advice=advice,
             weight=lr1 / peak if at_peak else 0.5,
-            spans=[(1, 1)],
+            spans=[(first, first)],
         )
     ]
 
@@ -89,21 +90,23 @@ def lr_schedule_mismatch(ctx: Context) -> list[Finding]:
     if not ctx.t.has("lr") or ctx.n < 10:
         return []
     lr = ctx.t.get("lr")
-    expected = schedule.expected_lr(ctx.run, ctx.step)
-    if expected is None:
+    if schedule.expected_lr(ctx.run, ctx.update) is None:
         return _lr_jumps(ctx, lr)
-    bad, rel = _mismatch(ctx, lr, expected)
-    other = schedule.expected_lr(ctx.run, ctx.step, decay_from_zero=True)
-    if other is not None:
-        bad_other, rel_other = _mismatch(ctx, lr, other)
-        if bad_other.sum() < bad.sum():
-            bad, rel, expected = bad_other, rel_other, other
+    configured = ctx.run.setting("optim", "schedule")
+    shapes = [configured] if configured else ["cosine", "linear", "constant"]
+    fits = []
+    for shape in shapes:
+        for from_zero in (False, True):
+            curve = schedule.expected_lr(ctx.run, ctx.update, decay_from_zero=from_zero, shape=shape)
+            if curve is not None:
+                fits.append((*_mismatch(ctx, lr, curve), curve))
+    bad, rel, expected = min(fits, key=lambda fit: int(fit[0].sum()))
     ok = np.isfinite(lr) & np.isfinite(expected)
     first_rows = _first_rows(ctx)
     if first_rows is not None and _lag_one(ctx, first_rows):
         return []
-    if len(bad) and ctx.step[0] == 1:
-        bad[0] = False
+    if len(bad) and ctx.starts_at_first_update:
+        bad[0] = False  # the first update is warmup_first_step's to judge
     count = int(bad.sum())
     if count < max(3, 0.005 * ok.sum()):
         return []
@@ -161,6 +164,8 @@ def _spans(rows: np.ndarray) -> list[tuple[int, int]]:
 def _lr_jumps(ctx: Context, lr: np.ndarray) -> list[Finding]:
     """Without a config: after the first peak, the LR must not jump back up or restart its warmup."""
     ok = np.isfinite(lr) & (lr > 0)
+    if ctx.starts_at_first_update:
+        ok[0] = False  # a first update at peak LR is warmup_first_step's finding, not a restart
     if ok.sum() < 20:
         return []
     idx = np.flatnonzero(ok)
@@ -204,7 +209,7 @@ def noise_schedule_flat(ctx: Context) -> list[Finding]:
     if not ctx.t.has("noise_std"):
         return []
     logged = ctx.t.get("noise_std")
-    expected = schedule.expected_noise(ctx.run, ctx.step)
+    expected = schedule.expected_noise(ctx.run, ctx.update)
     if expected is None:
         return []
     ok = np.isfinite(logged) & np.isfinite(expected)
@@ -263,7 +268,7 @@ def optimizer_betas(ctx: Context) -> list[Finding]:
     spikes = len(spike_events(ctx))
     evidence = {"beta1": beta1, "beta2": beta2, "loss_spikes": spikes}
     if beta2 >= 0.995:
-        severity = "warning" if spikes else "info"
+        severity = "warning"
         summary = (
             f"AdamW beta2={beta2:g}: the second moment adapts over ~{1 / (1 - beta2):.0f} steps, too slowly "
             "for sudden gradient changes" + (f", and the log has {spikes} loss spikes" if spikes else "")
@@ -294,7 +299,9 @@ def loss_decay_gamma(ctx: Context) -> list[Finding]:
     block = ctx.run.block_size
     if weighting not in (None, "exp_decay") or not isinstance(gamma, int | float) or block is None:
         return []
-    expected = max(1.0, 4.0 + (block - 8) * 3.0 / 8.0)
+    from blockdraft.config import default_gamma
+
+    expected = default_gamma(block)
     if abs(gamma / expected - 1.0) <= 0.2:
         return []
     return [

@@ -14,6 +14,7 @@ UNEXPLAINED_STALL_S = 30.0
 BIG_STALL_S = 300.0
 COSTLY_STALL_S = 120.0
 CHECKPOINT_STALL_S = 10.0
+ROUND_STEPS = 500
 
 
 def _marker_steps(ctx: Context, kind: str) -> np.ndarray:
@@ -25,10 +26,7 @@ def _gaps(ctx: Context) -> dict[str, np.ndarray]:
     """Per row: records missing before it, and wall time beyond what its steps should have taken."""
     if "gaps" in ctx.shared:
         return ctx.shared["gaps"]
-    missing = np.zeros(ctx.n)
-    if ctx.regular_stride:
-        missing = np.nan_to_num(ctx.dstep - ctx.stride, nan=0.0)
-        missing[missing < max(3.0, 2.0 * ctx.stride)] = 0.0
+    missing = np.where(ctx.gap_rows, np.nan_to_num(ctx.dstep - ctx.stride, nan=0.0), 0.0)
     excess = np.zeros(ctx.n)
     sec = ctx.seconds_per_step
     if math.isfinite(sec) and np.isfinite(ctx.dtime).any():
@@ -163,7 +161,11 @@ def _gap_finding(
     stall_rows = rows[gaps["excess"][rows] >= _stall_threshold(ctx)]
     only_logging = int(np.sum(lost & ~np.isin(rows, stall_rows)))
     spans = [(int(prev[r]), int(ctx.step[r])) for r in rows]
+    gap_s = ctx.dtime[rows]
+    longest = float(np.nanmax(gap_s)) if np.isfinite(gap_s).any() else math.nan
     parts = [plural(len(rows), "gap") + " in the log"]
+    if math.isfinite(longest):
+        parts[0] += f" (longest {longest:.0f} s)"
     if missing:
         went_on = f" ({plural(only_logging, 'gap')} where training went on and only logging stopped)"
         parts.append(plural(missing, "step record") + " missing" + (went_on if only_logging else ""))
@@ -173,9 +175,16 @@ def _gap_finding(
         "Every step must reach the log: write records from the training loop (not a monitor thread) "
         "and flush each line; for stalls, look at what else ran at that time (eval, saves, data)."
     )
+    saves = _at_saves(ctx, prev[rows])
     if period:
         parts.append(f"on a {period}-step period, so most likely scheduled evals or saves that wrote no record")
         advice = "Write an eval/checkpoint record for scheduled work so its pauses are accounted for."
+    elif saves:
+        parts.append(saves)
+        advice = (
+            "Save in the background (stage the state between steps, write it from another thread) and never "
+            "let a save block the logger; a windowed monitor's next record after such a gap misleads."
+        )
     return Finding(
         code="logging_gap",
         severity=severity,
@@ -188,11 +197,29 @@ def _gap_finding(
             "max_stall_s": float(gaps["excess"][stall_rows].max()) if len(stall_rows) else 0.0,
             "logging_only": only_logging,
             "period_steps": period or math.nan,
+            "longest_gap_s": longest,
         },
         advice=advice,
         weight=float(missing + len(stall_rows) * 10),
         spans=spans,
     )
+
+
+def _at_saves(ctx: Context, starts: np.ndarray) -> str:
+    """Where gaps began at checkpoint steps (save_every, else round multiples of 500), say so."""
+    every = ctx.run.setting("train", "save_every")
+    tol = 2 * ctx.stride + 1
+    if isinstance(every, int | float) and every > 0:
+        resid = np.mod(starts, every)
+        on = np.minimum(resid, every - resid) <= tol
+        if on.any():
+            return f"{int(on.sum())} of them at checkpoint steps (save_every={every:g}): the save blocked the logger"
+        return ""
+    resid = np.mod(starts, ROUND_STEPS)
+    if len(starts) and bool(np.all(np.minimum(resid, ROUND_STEPS - resid) <= tol)):
+        at = ", ".join(str(int(s)) for s in starts[:5])
+        return f"all at round steps ({at}): most likely checkpoint saves that blocked the logger"
+    return ""
 
 
 def _periodic(starts: np.ndarray, stride: float) -> tuple[np.ndarray, int | None]:
@@ -220,43 +247,55 @@ def _periodic(starts: np.ndarray, stride: float) -> tuple[np.ndarray, int | None
 
 
 def window_artifact(ctx: Context) -> list[Finding]:
+    """A windowed monitor's record that averaged only a few steps (often right after a stalled
+    logger) and so shows one batch's loss as if it were the model's."""
     fit = ctx.loss_fit
-    small = ctx.small_window
-    if fit is None or not small.any():
+    suspect = ctx.unreliable
+    if fit is None or not suspect.any():
         return []
     loss = ctx.t.get("loss")
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"):
         y = np.log(np.maximum(loss, 1e-6))
-    z = (y - fit.trend - fit.offset) / fit.sigma
-    rows = np.flatnonzero(small & np.isfinite(z) & ((np.abs(z) >= 6.0) & (np.abs(y - fit.trend - fit.offset) >= 0.4)))
+    dev = y - fit.trend - fit.offset
+    z = dev / fit.sigma
+    rows = np.flatnonzero(suspect & np.isfinite(z) & (np.abs(z) >= 6.0) & (np.abs(dev) >= 0.4))
     if not len(rows):
         return []
     worst = rows[np.argmax(np.abs(z[rows]))]
     window = ctx.dstep[worst]
+    gap_before = [r for r in rows if ctx.after_gap[r]]
+    earlier_gaps = np.flatnonzero(ctx.gap_rows[:worst])
+    gap_steps = float(ctx.dstep[earlier_gaps[-1]]) if len(earlier_gaps) else math.nan
     spans = [(ctx.step_at(r - 1), ctx.step_at(r)) for r in rows]
-    after_gap = int(np.sum([(r >= 1) and (ctx.dstep[r - 1] >= 2 * ctx.stride) for r in rows]))
+    level = math.exp(fit.trend[worst] + fit.offset[worst])
+    where = (
+        f"right after a logging gap ({plural(len(gap_before), 'record')}; the gap's own record averaged "
+        f"{gap_steps:.0f} steps)"
+        if gap_before
+        else f"(usual window {ctx.stride:.0f})"
+    )
     return [
         Finding(
             code="window_artifact",
             severity="warning",
             steps=(spans[0][0], spans[-1][1]),
             summary=(
-                f"{plural(len(rows), 'logged value')} averaged only {window:.0f} steps "
-                f"(usual window {ctx.stride:.0f}); "
-                f"one shows loss {loss[worst]:.3g} vs level {math.exp(fit.trend[worst] + fit.offset[worst]):.3g} "
-                f"at step {ctx.step_at(worst)}"
+                f"{plural(len(rows), 'logged value')} averaged only {window:.0f} steps {where}; "
+                f"one shows loss {loss[worst]:.3g} vs level {level:.3g} at step {ctx.step_at(worst)}"
             ),
             evidence={
                 "rows": len(rows),
                 "window_steps": float(window),
                 "usual_window": ctx.stride,
                 "loss": float(loss[worst]),
-                "level": math.exp(fit.trend[worst] + fit.offset[worst]),
-                "after_gap": after_gap,
+                "level": level,
+                "after_gap": len(gap_before),
+                "gap_window_steps": gap_steps,
             },
             advice=(
                 "This is the monitor, not the model: a short window after a stalled logger lets one batch "
-                "dominate. Log every step (or weight windows by their step count) before acting on it."
+                "dominate. Log every step (or weight windows by their step count) and never let a checkpoint "
+                "save block the logger before acting on it."
             ),
             weight=float(np.abs(z[worst])),
             spans=spans,

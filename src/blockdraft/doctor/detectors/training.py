@@ -145,7 +145,7 @@ def spike_events(ctx: Context) -> list[Event]:
     if fit is not None:
         z = fit.resid / fit.sigma
         flags = (z >= SPIKE_Z) & (fit.resid >= math.log(SPIKE_RATIO))
-        flags &= ~ctx.small_window
+        flags &= ~ctx.unreliable
         flags[: ctx.trend_block] = False
         for a, b in stats.events(flags, max_gap=2):
             seg = fit.resid[a : b + 1]

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from blockdraft.config import default_gamma
 from blockdraft.doctor.findings import CODES
 
 # every code can be planted; bucket_loss_modes comes with homogeneous_batches, never alone
@@ -61,11 +62,6 @@ class SyntheticRun:
             for line in self.lines():
                 fh.write(line + "\n")
         return path
-
-
-def default_gamma(block_size: int) -> float:
-    """Same rule as blockdraft.config.default_gamma, repeated so the generator has no torch-side imports."""
-    return max(1.0, 4.0 + (block_size - 8) * 3.0 / 8.0)
 
 
 def generate(
