@@ -50,6 +50,7 @@ def unchecked(run: RunLog) -> dict[str, str]:
     need("data_wait", {"data_wait", "step_time"} <= has, "data_wait and step_time fields")
     need("epoch_accounting", bool(has & {"epoch", "epoch_pos", "epoch_progress", "progress"}), "an epoch field")
     need("tau_gap", bool(run.of_kind("eval")), "eval records")
+    need("data_repetition", "epoch" in has, "an epoch field")
     need("checkpoint_stall", bool(run.of_kind("checkpoint")) or "time" in has, "checkpoint records or time stamps")
     need("logging_gap", "time" in has, "time stamps (only step gaps were looked for)")
     need("homogeneous_batches", "loss" in has or len(t.bucket_seq) > 0, "bucket ids or a loss field")

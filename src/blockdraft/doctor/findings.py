@@ -35,6 +35,7 @@ CODES = (
     "epoch_accounting",
     "plateau",
     "tau_gap",
+    "data_repetition",
 )
 
 

@@ -1,16 +1,19 @@
 """The time budget (`train.max_minutes`): the LR schedule is planned to end when the time does.
 
 A run stopped by the clock halfway through its cosine ends at a high LR, with the weights of a run
-that never annealed. So once the rate is measured (the median of `measure` updates after the first,
-which pays for compilation), the number of updates that fit in the time left becomes the schedule's
-length when it is shorter than the planned one. The plan is made once and saved with the train
-state, so a resumed run keeps the same schedule.
+that never annealed. So the rate is measured (the median update time since the previous look; the
+first update pays for compilation and is left out) at a few points early in the run, and each time
+the number of updates that fit in the time left becomes the schedule's length, never more than the
+configured one. Later looks correct the first: the first updates also recompile for new shapes.
+The plan is saved with the train state, so a resumed run keeps its schedule.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+
+LOOKS = (10, 40, 160)  # updates after the first at which the rate is measured
 
 
 @dataclass
@@ -24,25 +27,36 @@ class Plan:
 @dataclass
 class TimeBudget:
     max_seconds: float | None
-    measure: int = 10
     margin: float = 0.97  # updates planned into this share of the time left (saves, evals, jitter)
     plan: Plan | None = None
+    configured_steps: int | None = None
     _times: list[float] = field(default_factory=list)
 
     def observe(self, step: int, update_s: float, elapsed_s: float, total_steps: int) -> Plan | None:
-        """After each update: returns the new plan once, when the time left cannot hold total_steps."""
-        if self.max_seconds is None or self.plan is not None:
+        """After each update: a new plan when a look finds another length than total_steps."""
+        if self.max_seconds is None:
             return None
+        if self.configured_steps is None:
+            self.configured_steps = total_steps
         self._times.append(update_s)
-        if len(self._times) < self.measure + 1:
+        looked = len(self._times) - 1
+        if looked not in LOOKS:
             return None
-        median = statistics.median(self._times[1:])
+        since = LOOKS[LOOKS.index(looked) - 1] + 1 if looked != LOOKS[0] else 1
+        median = statistics.median(self._times[since:])
         fit = step + int((self.max_seconds - elapsed_s) * self.margin / max(median, 1e-9))
-        self.plan = Plan(max(step + 1, min(fit, total_steps)), self._times[0], median, step)
-        return self.plan if self.plan.total_steps < total_steps else None
+        length = max(step + 1, min(fit, self.configured_steps))
+        if length == total_steps:
+            return None
+        self.plan = Plan(length, self._times[0], median, step)
+        return self.plan
 
     def state_dict(self) -> dict:
-        return {"plan": None if self.plan is None else vars(self.plan).copy()}
+        plan = None if self.plan is None else vars(self.plan).copy()
+        return {"plan": plan, "configured_steps": self.configured_steps}
 
     def load_state_dict(self, state: dict) -> None:
+        """A resumed run keeps the saved plan and looks no more (its first updates compile again)."""
         self.plan = Plan(**state["plan"]) if state.get("plan") else None
+        self.configured_steps = state.get("configured_steps")
+        self.max_seconds = None if self.plan is not None else self.max_seconds

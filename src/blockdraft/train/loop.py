@@ -156,8 +156,9 @@ class Trainer:
         return prepared
 
     def _apply_plan(self, total_steps: int) -> None:
+        """A shorter schedule from the time budget; the warmup already under way keeps its length."""
         self.total_steps = total_steps
-        self.warmup_steps = min(self.warmup_steps, total_warmup_steps(self.cfg.optim, total_steps))
+        self.warmup_steps = min(self.warmup_steps, max(1, total_steps // 2))
 
     def _plan_time(self, log: RunLog, console: TrainConsole, update_s: float, elapsed_s: float) -> None:
         """Compilation shown once it is paid; the schedule shortened to the time budget when needed."""
@@ -170,12 +171,12 @@ class Trainer:
         if plan is None:
             return
         message = (f"train.max_minutes={self.cfg.train.max_minutes:g} holds {plan.total_steps} updates at "
-                   f"{plan.median_update_s:.2f} s each (update 1 took {plan.first_update_s:.0f} s), not the "
-                   f"{self.total_steps} planned: the LR schedule now ends at update {plan.total_steps}")
+                   f"{plan.median_update_s:.2f} s each (update 1 took {plan.first_update_s:.0f} s), not "
+                   f"{self.total_steps}: the LR schedule now ends at update {plan.total_steps}")
         self._apply_plan(plan.total_steps)
         console.total = plan.total_steps
         log.write("warning", self.step, code="schedule_planned", severity="info", message=message,
-                  total_steps=plan.total_steps, first_update_s=plan.first_update_s,
+                  total_steps=plan.total_steps, warmup_steps=self.warmup_steps, first_update_s=plan.first_update_s,
                   median_update_s=plan.median_update_s)
         console.note(message, style="cyan")
 
@@ -206,7 +207,7 @@ class Trainer:
         self.skip_list = set(state.get("skip_list", []))
         if "budget" in state:
             self.budget.load_state_dict(state["budget"])
-            if self.budget.plan is not None and self.budget.plan.total_steps < self.total_steps:
+            if self.budget.plan is not None:
                 self._apply_plan(self.budget.plan.total_steps)
         if saved_world != self.world:
             self._world_note = (

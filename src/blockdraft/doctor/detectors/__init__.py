@@ -32,6 +32,7 @@ DETECTORS: tuple[Detector, ...] = (
     settings.optimizer_betas,
     settings.loss_decay_gamma,
     evals.tau_gap,
+    evals.data_repetition,
 )
 
 

@@ -288,6 +288,7 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
     if (
         isinstance(epochs_cfg, int | float)
         and max_steps is None
+        and ctx.run.schedule_plan is None  # a time budget ends the run before its epochs, by design
         and math.isfinite(implied_spe)
         and math.isfinite(implied_total)
     ):

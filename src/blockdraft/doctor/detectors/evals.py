@@ -1,4 +1,5 @@
-"""Detector comparing the training-time acceptance estimate with real speculative decoding."""
+"""Detectors of a training-time acceptance estimate that will not hold at serving time: one far above
+real speculative decoding (tau_gap), and one earned by passing over too little data too often."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from blockdraft.doctor.findings import Finding
 
 WARN_RATIO = 1.3
 INFO_RATIO = 1.15
+RECIPE_EPOCHS = 6  # the published recipe's passes over ~800K regenerated samples (DFLASH.md)
+MANY_EPOCHS = 10
+SMALL_DATA = 5_000  # samples: a few passes over fewer than this learns the samples, not the target
 
 
 def tau_gap(ctx: Context) -> list[Finding]:
@@ -50,5 +54,43 @@ def tau_gap(ctx: Context) -> list[Finding]:
             ),
             weight=ratio,
             spans=[(s, s) for s, _, _ in pairs],
+        )
+    ]
+
+
+def data_repetition(ctx: Context) -> list[Finding]:
+    """Many passes over the data, or more than a few over a small set: tau_est on training batches then
+    measures memorised samples, not how often the target will accept the drafts."""
+    epoch = ctx.t.get("epoch")
+    ok = np.isfinite(epoch)
+    if not ok.any():
+        return []
+    progress = ctx.t.get("epoch_progress")
+    passes = epoch[ok] + np.where(np.isfinite(progress[ok]), progress[ok], 0.0)
+    done = float(np.max(passes))
+    data = ctx.run.of_kind("data")
+    samples = data[-1].get("samples_used") if data else None
+    small = isinstance(samples, int | float) and 0 < samples < SMALL_DATA
+    if done < MANY_EPOCHS and not (small and done >= RECIPE_EPOCHS * 2 / 3):
+        return []
+    severe = done >= MANY_EPOCHS or (small and done >= 0.95 * RECIPE_EPOCHS)
+    tau = ctx.t.get("tau_est")
+    rows = np.flatnonzero(ok & np.isfinite(tau))
+    last_tau = float(np.median(tau[rows[-50:]])) if len(rows) else float("nan")
+    of = f" over {int(samples):,} samples" if isinstance(samples, int | float) else ""
+    steps = ctx.step[np.flatnonzero(ok)]
+    return [
+        Finding(
+            code="data_repetition",
+            severity="warning" if severe else "info",
+            steps=(int(steps[0]), int(steps[-1])),
+            summary=(f"{done:.1f} passes{of}: training tau_est ({last_tau:.2f} at the end) is measured on samples "
+                     "the drafter has seen many times"),
+            evidence={"epochs": done, "samples": float(samples) if isinstance(samples, int | float) else float("nan"),
+                      "tau_est_last": last_tau},
+            advice=(f"Regenerate answers for more prompts (the recipe makes {RECIPE_EPOCHS} passes over ~800K) or "
+                    "train fewer epochs; measure tau on held-out prompts (eval.prompts with train.eval_every, or "
+                    "blockdraft eval) rather than trusting tau_est."),
+            weight=done / RECIPE_EPOCHS,
         )
     ]
