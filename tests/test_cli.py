@@ -27,7 +27,7 @@ def test_bad_override_and_missing_target(tmp_path, capsys):
     assert "target folder not found" in capsys.readouterr().err
 
 
-def test_missing_mask_token_says_how_to_add_one(tiny_target, tiny_corpus, tmp_path, capsys):
+def test_mask_id_outside_the_table_says_what_to_do(tiny_target, tiny_corpus, tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
         f"target:\n  path: {tiny_target}\ndrafter:\n  mask_token_id: 100000\n  target_layer_ids: [0, 2]\n"
@@ -35,4 +35,6 @@ def test_missing_mask_token_says_how_to_add_one(tiny_target, tiny_corpus, tmp_pa
         f"train:\n  out_dir: {tmp_path / 'run'}\n  device: cpu\n"
     )
     assert main(["train", str(cfg), "--no-console"]) == 2
-    assert "resize_token_embeddings" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "mask_token_id=100000 is outside the target's embedding table" in err
+    assert "leave drafter.mask_token_id unset" in err and not (tmp_path / "cache").exists()
