@@ -36,3 +36,30 @@ def test_export_round_trip_and_format(tiny_config, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(*args), trainer.drafter(*args), rtol=0, atol=0)
     trainer.prefetcher.close()
+
+
+def test_trust_remote_code_loading_builds_this_drafter(tiny_config, tmp_path):
+    """z-lab's documented path: AutoModel with trust_remote_code builds our drafter with our weights,
+    from the folder alone; its forward (z-lab's arguments) equals the drafter's."""
+    import os
+    import stat
+
+    from transformers import AutoModel
+
+    cfg = tiny_config(train={"max_steps": 1, "save_every": 100})
+    trainer = Trainer(cfg, show_console=False)
+    trainer.run()
+    trainer.prefetcher.close()
+    out = tmp_path / "export"
+    assert main(["export", str(cfg.train.out_dir), "--out", str(out), "--dtype", "float32"]) == 0
+    assert all(stat.S_IMODE(os.stat(out / f).st_mode) == 0o644 for f in os.listdir(out))
+    model = AutoModel.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()
+    assert type(model).__name__ == "DFlashDraftModel" and model.block_size == cfg.drafter.block_size
+    torch.manual_seed(0)
+    taps = torch.randn(1, 9, 32 * len(model.target_layer_ids))
+    noise = torch.randn(1, 4, 32)
+    positions = torch.arange(13)[None]
+    drafter = trainer.drafter.eval()
+    with torch.no_grad():
+        ours = drafter(noise, positions[:, 9:], drafter.fuse(taps), positions[:, :9])
+        torch.testing.assert_close(model(position_ids=positions, noise_embedding=noise, target_hidden=taps), ours)

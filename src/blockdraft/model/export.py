@@ -1,6 +1,7 @@
 """The serving format (z-lab / vLLM / SGLang): a folder with config.json + model.safetensors.
 
-config.json is a Qwen3Config with architectures ["DFlashDraftModel"], num_hidden_layers = drafter
+config.json is a Qwen3Config with architectures ["DFlashDraftModel"] and an auto_map to the modeling
+file the folder carries (`model/remote_code.py`, for trust_remote_code loading), num_hidden_layers = drafter
 layers (and layer_types of the same length), block_size, num_target_layers and
 dflash_config {mask_token_id, target_layer_ids}. model.safetensors holds unprefixed names
 (fc.weight, hidden_norm.weight, layers.N...., norm.weight): no embeddings, no lm_head.
@@ -9,6 +10,7 @@ dflash_config {mask_token_id, target_layer_ids}. model.safetensors holds unprefi
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -32,13 +34,17 @@ def save_drafter(
     cfg = config if isinstance(config, Qwen3Config) else config_from_dict(config)
     cfg_dict = cfg.to_dict()
     cfg_dict["dtype"] = str(dtype).removeprefix("torch.")
+    cfg_dict["auto_map"] = {"AutoModel": "modeling_dflash.DFlashDraftModel"}  # trust_remote_code loading
+    here = Path(__file__).parent
+    shutil.copyfile(here / "drafter.py", out_dir / "blockdraft_drafter.py")
+    shutil.copyfile(here / "remote_code.py", out_dir / "modeling_dflash.py")
     rope = cfg_dict.get("rope_parameters") or {}
     if rope.get("rope_theta") is not None:
         cfg_dict["rope_theta"] = rope["rope_theta"]  # also top level: readers of the older layout look there
     (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
     save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
-    for name in ("config.json", "model.safetensors"):
+    for name in ("config.json", "model.safetensors", "blockdraft_drafter.py", "modeling_dflash.py"):
         (out_dir / name).chmod(0o644)  # a serving process under another user reads them
     return out_dir
 
