@@ -19,7 +19,7 @@ Grids (the overrides are config keys; see `blockdraft train --help` and README):
              candidate is a folder under --targets made by scripts/make_demo_target.py, holding its
              corpus from scripts/make_demo_corpus.py as corpus.jsonl.gz; the grid fixes max_steps itself
 
-The README's objective, demo and updates figures were measured with the first demo target (6.8M
+The objective, demo and updates figures in benchmarks/ were measured with the first demo target (6.8M
 parameters; in git history); run now, those grids use the bundled target.
 """
 

@@ -58,7 +58,7 @@ class DataConfig(Section):
 
 class LossConfig(Section):
     weighting: Literal["exp_decay", "streak", "uniform"] = Field(
-        "streak", description="streak won the ablation of bench/ablation.py beyond its spread (README)")
+        "streak", description="won bench/ablation.py beyond its spread (benchmarks/2026-11-29-h200x2-ablation.md)")
     gamma: float | None = Field(None, gt=0, description="exp_decay scale; default 7 for B=16, 4 for B=8")
     streak_floor: float = Field(0.05, ge=0, le=1)
     labels: Literal["data", "target"] = "data"

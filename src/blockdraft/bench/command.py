@@ -7,7 +7,7 @@ and the loss of the fast path against the plain path on the same batch.
 
 Under torchrun (one process per GPU) the drafter is wrapped as in training (`train.parallel`, DDP by
 default), each rank draws its own batches, and tokens/s counts every rank's real tokens: the
-scaling table of the README compares this figure per GPU with the one-GPU run.
+scaling table of benchmarks/2026-11-29-h200x2-multi-gpu.md compares this figure per GPU with the one-GPU run.
 """
 
 from __future__ import annotations
