@@ -296,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.data.cache import file_digest
     from blockdraft.data.reading import check_files
     from blockdraft.data.tokenize import load_tokenizer
+    from blockdraft.model.locate import locate_model
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` and schedulers: report, then stop
     for name, value in (
@@ -310,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
     paths = check_files(args.inputs)
     out = Path(args.out)
+    args.target = str(locate_model(args.target))  # a folder, or a hub id from the local cache
     tokenizer = load_tokenizer(args.target)
     if not getattr(tokenizer, "chat_template", None):
         raise UserError(f"the tokenizer in {args.target} has no chat template; regeneration needs one")
