@@ -205,6 +205,8 @@ class Trainer:
         if "cuda" in state["rng"] and self.device.type == "cuda":  # this device's: the world size may differ
             torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
         self.skip_list = set(state.get("skip_list", []))
+        if "guard" in state:
+            self.guard.load_state_dict(state["guard"])
         if "budget" in state:
             self.budget.load_state_dict(state["budget"])
             if self.budget.plan is not None:
@@ -226,7 +228,7 @@ class Trainer:
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         trainer_state = {"step": self.step, "data": self.prefetcher.state_dict(), "rng": rng,
                          "skip_list": sorted(self.skip_list), "world_size": self.world,
-                         "budget": self.budget.state_dict()}
+                         "budget": self.budget.state_dict(), "guard": self.guard.state_dict()}
         if self.dp.distributed:  # live shards: the ShardedCheckpointer stages them itself
             model, optim = distributed.state_dicts(self.drafter, self.optimizer)
         else:
@@ -363,10 +365,10 @@ class Trainer:
         self.report_saves(log, console, wait=True)
         offenders = list(self._skipped_run)
         self._skipped_run.clear()
-        self.guard.consecutive = 0
         ckpt = self._newest_readable_checkpoint()
         if ckpt is not None:
             self._restore(ckpt)
+        self.guard.reset_skips()  # after the restore, which brings the checkpoint's windows
         self.skip_list.update(offenders)  # after the restore, which brings the checkpoint's older list
         to_step = self.step if ckpt is not None else None
         message = (f"{self.cfg.guard.max_consecutive_skips} steps in a row were skipped: rolled back to "
