@@ -119,7 +119,7 @@ def test_in_training_eval_writes_measured_tau_beside_tau_est(tiny_config, tiny_c
 
 def test_noise_applied_to_the_features_follows_the_schedule(tiny_config, monkeypatch):
     """The std of what is actually added to the fused features equals the logged noise_std, every step."""
-    from blockdraft.train.schedule import noise_std_at
+    from blockdraft.schedule import noise_std_at
 
     cfg = tiny_config(noise={"std": 0.5, "warmup_steps": 2, "schedule": "cosine", "final_std": 0.1},
                       train={"max_steps": 5, "save_every": 100})

@@ -32,6 +32,7 @@ from blockdraft.evaluate.prompts import heldout_prompts
 from blockdraft.evaluate.runner import evaluate as evaluate_modes
 from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_target
 from blockdraft.model.target import load_target, resolve_mask_token, text_config
+from blockdraft.schedule import lr_at, noise_std_at
 from blockdraft.telemetry.console import TrainConsole
 from blockdraft.telemetry.log import SCHEMA, RunLog
 from blockdraft.telemetry.trackers import open_trackers
@@ -49,7 +50,7 @@ from blockdraft.train.checkpoint import (
 from blockdraft.train.guard import StepGuard, batch_id
 from blockdraft.train.hotpath import HotPath
 from blockdraft.train.loss import summarize
-from blockdraft.train.schedule import build_optimizer, lr_at, noise_std_at
+from blockdraft.train.schedule import build_optimizer
 
 
 def pick_device(name: str) -> torch.device:
