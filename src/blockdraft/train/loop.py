@@ -35,6 +35,7 @@ from blockdraft.model.target import load_target, resolve_mask_token, text_config
 from blockdraft.schedule import lr_at, noise_std_at
 from blockdraft.telemetry.console import TrainConsole
 from blockdraft.telemetry.log import SCHEMA, RunLog
+from blockdraft.telemetry.step_record import step_record
 from blockdraft.telemetry.trackers import open_trackers
 from blockdraft.train import distributed
 from blockdraft.train.budget import TimeBudget
@@ -425,7 +426,7 @@ class Trainer:
                         mem_gb=torch.cuda.max_memory_allocated() / 2**30 if self.device.type == "cuda" else None,
                     )
                     # a guarded step is logged under the update number it would have had
-                    console.step(log.write("step", self.step + rec["skipped"], **rec))
+                    console.step(log.write("step", self.step + rec["skipped"], **step_record(rec)))
                     self._plan_time(log, console, step_time, time.time() - t_start)
                     self.report_saves(log, console)
                     if rec["skipped"]:
