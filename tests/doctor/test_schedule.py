@@ -1,25 +1,49 @@
+import subprocess
+import sys
+
 import numpy as np
 
+from blockdraft import schedule as shared
+from blockdraft.config import NoiseConfig, OptimConfig
 from blockdraft.doctor import schedule
+from blockdraft.doctor.records import RunLog, StepTable
+
+
+def _run(run_start: dict, config: dict) -> RunLog:
+    empty = np.zeros(0)
+    table = StepTable(cols={"step": empty}, bucket=empty, bucket_seq=empty, bucket_row=empty, segment=empty)
+    return RunLog(source="x", steps=table, run_start=run_start, config=config)
 
 
 def test_warmup_uses_k_over_w_from_update_one():
-    lr = schedule.lr_curve(np.array([1, 5, 10, 11]), 1e-3, 10, 110, "cosine", 0.1)
+    lr = shared.lr_curve(np.array([1, 5, 10, 11]), 1e-3, 10, 110, "cosine", 0.1)
     assert lr[0] == 1e-4 and lr[1] == 5e-4 and lr[2] == 1e-3
-    end = schedule.lr_curve(np.array([110]), 1e-3, 10, 110, "cosine", 0.1)
+    end = shared.lr_curve(np.array([110]), 1e-3, 10, 110, "cosine", 0.1)
     assert np.isclose(end[0], 1e-4)
 
 
 def test_noise_warmup_then_cosine():
-    from blockdraft.doctor.records import RunLog, StepTable
-
-    empty = np.zeros(0)
-    table = StepTable(cols={"step": empty}, bucket=empty, bucket_seq=empty, bucket_row=empty, segment=empty)
-    run = RunLog(
-        source="x",
-        steps=table,
-        run_start={"total_steps": 1000},
-        config={"noise": {"std": 0.2, "warmup_steps": 100, "schedule": "cosine", "final_std": 0.0}},
-    )
+    run = _run({"total_steps": 1000},
+               {"noise": {"std": 0.2, "warmup_steps": 100, "schedule": "cosine", "final_std": 0.0}})
     noise = schedule.expected_noise(run, np.array([1, 50, 100, 550, 1000]))
     np.testing.assert_allclose(noise, [0.002, 0.1, 0.2, 0.1, 0.0], atol=1e-12)
+
+
+def test_the_doctor_expects_exactly_what_the_trainer_applies():
+    """One schedule for both: a run's logged LR and noise are the doctor's expected curves, bit for bit."""
+    total, warmup, k = 1000, 40, np.arange(1, 1001)
+    for shape in ("cosine", "linear", "constant"):
+        optim = OptimConfig(lr=6e-4, schedule=shape, min_lr_ratio=0.1, warmup_steps=warmup)
+        noise = NoiseConfig(std=0.2, final_std=0.05, warmup_steps=25, schedule="cosine")
+        run = _run({"total_steps": total, "warmup_steps": warmup},
+                   {"optim": optim.model_dump(mode="json"), "noise": noise.model_dump(mode="json")})
+        applied_lr = [shared.lr_at(int(i), optim, total, warmup) for i in k]
+        applied_noise = [shared.noise_std_at(int(i), noise, total) for i in k]
+        assert schedule.expected_lr(run, k).tolist() == applied_lr, shape
+        assert schedule.expected_noise(run, k).tolist() == applied_noise
+
+
+def test_the_shared_schedule_imports_no_torch():
+    code = "import sys, blockdraft.schedule; print([m for m in ('torch', 'transformers') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

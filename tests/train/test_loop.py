@@ -9,6 +9,7 @@ import torch
 
 from blockdraft.data import Batch
 from blockdraft.telemetry.log import read_log
+from blockdraft.telemetry.step_record import STEP_RECORD_FIELDS, step_record
 from blockdraft.train.checkpoint import MARKER, committed_checkpoints
 from blockdraft.train.loop import Trainer
 
@@ -77,6 +78,15 @@ def test_resume_continues_the_identical_loss_sequence(tiny_config, monkeypatch):
     assert [s["resumed_from"] for s in starts] == [None, 3]
 
 
+def test_a_step_record_off_the_definition_is_refused():
+    values = dict.fromkeys(reversed(STEP_RECORD_FIELDS), 0.0)
+    assert tuple(step_record(values)) == STEP_RECORD_FIELDS
+    with pytest.raises(ValueError, match=r"missing \['mem_gb'\]"):
+        step_record({k: v for k, v in values.items() if k != "mem_gb"})
+    with pytest.raises(ValueError, match=r"not defined \['loss_ema'\]"):
+        step_record({**values, "loss_ema": 1.0})
+
+
 def test_run_folder_and_records(tiny_config):
     cfg = tiny_config()
     result = Trainer(cfg, show_console=False).run()
@@ -98,6 +108,7 @@ def test_run_folder_and_records(tiny_config):
                 "tok_per_s", "mfu", "mem_gb", "time"}
     for r in steps:
         assert required <= r.keys()
+        assert tuple(r)[3:] == STEP_RECORD_FIELDS  # after kind, time, step: the definition readers import
         assert len(r["acc_per_pos"]) == cfg.drafter.block_size - 1
         assert r["tau_est"] == pytest.approx(1 + r["streak"])
     assert steps[0]["lr"] == pytest.approx(cfg.optim.lr / 2)  # warmup_steps=2: update 1 uses peak/2
@@ -119,7 +130,7 @@ def test_in_training_eval_writes_measured_tau_beside_tau_est(tiny_config, tiny_c
 
 def test_noise_applied_to_the_features_follows_the_schedule(tiny_config, monkeypatch):
     """The std of what is actually added to the fused features equals the logged noise_std, every step."""
-    from blockdraft.train.schedule import noise_std_at
+    from blockdraft.schedule import noise_std_at
 
     cfg = tiny_config(noise={"std": 0.5, "warmup_steps": 2, "schedule": "cosine", "final_std": 0.1},
                       train={"max_steps": 5, "save_every": 100})

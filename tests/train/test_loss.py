@@ -8,11 +8,15 @@ import torch.nn.functional as F
 
 from blockdraft.config import LossConfig
 from blockdraft.train.loss import (
+    MicroStats,
+    StepSums,
     block_loss,
     denominator,
     fused_linear_loss,
     static_position_weights,
+    stats_vector,
     streak_weights,
+    summarize,
 )
 
 
@@ -118,3 +122,16 @@ def test_metrics_acc_and_streak():
     stats = block_loss(hidden, weight, labels, mask, LossConfig())
     assert stats.correct.tolist() == [1.0, 1.0, 0.0]
     assert stats.streak_sum.item() == 2.0 and stats.blocks.item() == 1.0
+
+
+def test_the_stats_vector_decodes_by_name_to_the_sums_it_was_built_from():
+    """The one layout: what the trainer and `blockdraft bench` read is what the step summed."""
+    stats = MicroStats(weighted_loss=torch.tensor(6.0), weight_sum=torch.tensor(3.0), kl_sum=torch.tensor(1.5),
+                       correct=torch.tensor([4.0, 2.0, 1.0]), counted=torch.tensor([5.0, 5.0, 4.0]),
+                       streak_sum=torch.tensor(9.0), blocks=torch.tensor(5.0))
+    sums = StepSums.decode(stats_vector(stats).tolist())
+    assert sums == StepSums(6.0, 3.0, 1.5, 9.0, 5.0, [4.0, 2.0, 1.0], [5.0, 5.0, 4.0])
+    assert sums.loss == 2.0
+    metrics = summarize(stats_vector(stats).tolist(), 0.5)
+    assert metrics["loss"] == 2.0 and metrics["kl"] == 0.5 and metrics["streak"] == 9.0 / 5.0
+    assert metrics["loss_tokens"] == 14 and metrics["anchors"] == 5 and metrics["acc"] == 7.0 / 14.0

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from blockdraft.config import NoiseConfig, OptimConfig
-from blockdraft.train.schedule import lr_at, noise_std_at
+from blockdraft.schedule import lr_at, noise_std_at
 
 
 def test_warmup_starts_at_peak_over_w_not_zero_and_not_peak():

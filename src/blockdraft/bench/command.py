@@ -117,6 +117,7 @@ def draft_work(packed, num_anchors: int) -> DraftWork:
 def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: float | None, world) -> dict[str, Any]:
     from blockdraft.data import BatchSampler, Prefetcher
     from blockdraft.train.distributed import sum_over_ranks
+    from blockdraft.train.loss import StepSums
 
     device = hot.device
     count = max(4096, (args.steps + args.warmup + 2) * args.micro_batch * cfg.train.grad_accum * 4)
@@ -150,7 +151,8 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
             step_time = time.perf_counter() - t0
             if k <= args.warmup:
                 continue
-            labels = sum(host[5 + (len(host) - 5) // 2:]) / world.size  # summed over ranks: the mean per GPU
+            sums = StepSums.decode(host)
+            labels = sum(sums.counted) / world.size  # summed over ranks: the mean per GPU
             fl_t = target_flops(lengths, t_dims, layers_run)
             fl_d = sum(drafter_flops(DraftWork(w.context_tokens, w.blocks, w.context_seen, 0), d_dims,
                                      hot.drafter.config.num_hidden_layers, taps, hot.drafter.block_size,
@@ -158,7 +160,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
             fl_d += 2 * 2 * labels * d_dims.hidden * hf_cfg.vocab_size  # lm_head: forward + input gradient
             rows.append({"step_time": step_time, "wait": wait, "tokens": all_tokens, "padded": all_padded,
                          "passes": len(work),
-                         "flops_target": fl_t, "flops_drafter": fl_d, "loss": host[0] / max(host[1], 1e-12)})
+                         "flops_target": fl_t, "flops_drafter": fl_d, "loss": sums.loss})
             if len(kept) < 4:
                 kept.append(micro)
         graphs = _graphs_compiled() - graphs_before
@@ -232,6 +234,7 @@ def check_fast_against_plain(hot, cfg: Config, dataset: SyntheticDataset) -> dic
     Small, because the plain path's dense attention materialises its scores."""
     from blockdraft.data.prefetch import Batch
     from blockdraft.train.hotpath import HotPath
+    from blockdraft.train.loss import StepSums
 
     small = cfg.model_copy(update={"train": cfg.train.model_copy(update={"num_anchors": 64})})
     ids, mask = dataset.sample(0)
@@ -242,8 +245,7 @@ def check_fast_against_plain(hot, cfg: Config, dataset: SyntheticDataset) -> dic
                  HotPath(hot.target, hot.drafter, small, hot.device, fast=False)):
         batch = Batch(ids, mask, torch.tensor([width]), [0], 0, 0, 0, 0.0, width, width)
         vector, norm = path.accumulate([path.to_device(path.prepare(batch))], 1, 0, 0.0)
-        host = vector.cpu().tolist()
-        results.append((host[0] / max(host[1], 1e-12), float(norm)))
+        results.append((StepSums.decode(vector.cpu().tolist()).loss, float(norm)))
         hot.drafter.zero_grad(set_to_none=True)
     (loss_f, norm_f), (loss_p, norm_p) = results
     loss_rel = abs(loss_f - loss_p) / max(abs(loss_p), 1e-12)

@@ -1,9 +1,5 @@
-"""What the LR and noise std should have been at each step, from the run's resolved config.
-
-Mirrors the trainer's contract: update k (1-based) in warmup uses lr*k/W; after warmup cosine (or
-linear) from lr to lr*min_lr_ratio at total_steps, or constant. Noise std warms up linearly from 0
-over noise.warmup_steps, then stays at std or follows a cosine from std to final_std.
-"""
+"""What the LR and noise std should have been at each step, from the run's resolved config: the
+schedules the trainer follows (`blockdraft.schedule`), fed with the lengths read from the log."""
 
 from __future__ import annotations
 
@@ -13,6 +9,7 @@ import numpy as np
 
 from blockdraft.doctor import stats
 from blockdraft.doctor.records import RunLog
+from blockdraft.schedule import lr_curve, noise_curve
 
 
 def _positive_int(value: object) -> int | None:
@@ -64,26 +61,6 @@ def warmup_steps(run: RunLog) -> int | None:
     return None
 
 
-def lr_curve(
-    k: np.ndarray, peak: float, warmup: int, total: int, schedule: str, min_ratio: float, decay_from_zero: bool = False
-) -> np.ndarray:
-    """The LR at updates k; `decay_from_zero` measures decay progress as k/total (another common form)."""
-    k = np.asarray(k, dtype=float)
-    if decay_from_zero:
-        frac = np.clip(k / max(1, total), 0.0, 1.0)
-    else:
-        frac = np.clip((k - warmup) / max(1, total - warmup), 0.0, 1.0)
-    if schedule == "cosine":
-        decay = min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + np.cos(np.pi * frac))
-    elif schedule == "linear":
-        decay = min_ratio + (1.0 - min_ratio) * (1.0 - frac)
-    else:
-        decay = np.ones_like(frac)
-    if warmup <= 0:
-        return peak * decay
-    return peak * np.where(k <= warmup, np.clip(k, 0, None) / warmup, decay)
-
-
 def expected_lr(
     run: RunLog, k: np.ndarray, decay_from_zero: bool = False, shape: str | None = None
 ) -> np.ndarray | None:
@@ -109,20 +86,3 @@ def expected_noise(run: RunLog, k: np.ndarray) -> np.ndarray | None:
     final = float(noise.get("final_std") or 0.0)
     warm = int(noise.get("warmup_steps") or 0)
     return noise_curve(k, std, final, warm, str(noise.get("schedule") or "constant"), total_steps(run))
-
-
-def noise_curve(
-    k: np.ndarray, std: float, final: float, warmup: int, schedule: str, total: int | None
-) -> np.ndarray | None:
-    k = np.asarray(k, dtype=float)
-    if std == 0.0 and final == 0.0:
-        return np.zeros(len(k))
-    out = np.full(len(k), std)
-    if schedule == "cosine":
-        if total is None:
-            return None
-        frac = np.clip((k - warmup) / max(1, total - warmup), 0.0, 1.0)
-        out = final + (std - final) * 0.5 * (1.0 + np.cos(np.pi * frac))
-    if warmup > 0:
-        out = np.where(k <= warmup, std * np.clip(k, 0, None) / warmup, out)
-    return out

@@ -10,6 +10,9 @@ AND `spike_min_ratio` times that median. MAD is floored at 1e-3 * |median| so a 
 turn ordinary noise into spikes; the ratio keeps MAD's narrow bar from refusing the 2-4x grad-norm
 wobbles of small batches (the demo's healthy runs lost 6 updates in 1,080 to them).
 Skipped values never enter the window, so a run of spikes cannot raise the bar for itself.
+
+The windows and the run of skips are part of the train state (`state_dict`): a resumed run tests
+for spikes from its first step exactly as the uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict, deque
 from statistics import median
+from typing import Any
 
 from blockdraft.config import GuardConfig
 
@@ -30,7 +34,31 @@ class StepGuard:
     def __init__(self, cfg: GuardConfig) -> None:
         self.cfg = cfg
         self._history: dict[tuple[str, int], deque[float]] = defaultdict(lambda: deque(maxlen=cfg.window))
-        self.consecutive = 0
+        self._consecutive = 0
+
+    @property
+    def consecutive(self) -> int:
+        """Steps refused in a row since the last applied one."""
+        return self._consecutive
+
+    def reset_skips(self) -> None:
+        """After a rollback: the run of refused steps that caused it is over."""
+        self._consecutive = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The windows and the run of skips as plain lists and ints: both checkpoint formats save them."""
+        return {
+            "history": [{"metric": name, "bucket": bucket, "values": list(values)}
+                        for (name, bucket), values in sorted(self._history.items()) if values],
+            "consecutive": self._consecutive,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace the windows and the run of skips with a saved one (a smaller `window` keeps the newest)."""
+        self._history.clear()
+        for entry in state["history"]:
+            self._history[(str(entry["metric"]), int(entry["bucket"]))].extend(float(v) for v in entry["values"])
+        self._consecutive = int(state["consecutive"])
 
     def _spike(self, name: str, bucket: int, value: float) -> bool:
         hist = self._history[(name, bucket)]
@@ -56,11 +84,11 @@ class StepGuard:
         if reason is None:
             self._history[("loss", bucket)].append(loss)
             self._history[("grad_norm", bucket)].append(grad_norm)
-            self.consecutive = 0
+            self._consecutive = 0
         else:
-            self.consecutive += 1
+            self._consecutive += 1
         return reason
 
     @property
     def must_roll_back(self) -> bool:
-        return self.consecutive >= self.cfg.max_consecutive_skips
+        return self._consecutive >= self.cfg.max_consecutive_skips

@@ -32,8 +32,10 @@ from blockdraft.evaluate.prompts import heldout_prompts
 from blockdraft.evaluate.runner import evaluate as evaluate_modes
 from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_target
 from blockdraft.model.target import load_target, resolve_mask_token, text_config
+from blockdraft.schedule import lr_at, noise_std_at
 from blockdraft.telemetry.console import TrainConsole
 from blockdraft.telemetry.log import SCHEMA, RunLog
+from blockdraft.telemetry.step_record import step_record
 from blockdraft.telemetry.trackers import open_trackers
 from blockdraft.train import distributed
 from blockdraft.train.budget import TimeBudget
@@ -49,7 +51,7 @@ from blockdraft.train.checkpoint import (
 from blockdraft.train.guard import StepGuard, batch_id
 from blockdraft.train.hotpath import HotPath
 from blockdraft.train.loss import summarize
-from blockdraft.train.schedule import build_optimizer, lr_at, noise_std_at
+from blockdraft.train.schedule import build_optimizer
 
 
 def pick_device(name: str) -> torch.device:
@@ -205,6 +207,8 @@ class Trainer:
         if "cuda" in state["rng"] and self.device.type == "cuda":  # this device's: the world size may differ
             torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
         self.skip_list = set(state.get("skip_list", []))
+        if "guard" in state:
+            self.guard.load_state_dict(state["guard"])
         if "budget" in state:
             self.budget.load_state_dict(state["budget"])
             if self.budget.plan is not None:
@@ -226,7 +230,7 @@ class Trainer:
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         trainer_state = {"step": self.step, "data": self.prefetcher.state_dict(), "rng": rng,
                          "skip_list": sorted(self.skip_list), "world_size": self.world,
-                         "budget": self.budget.state_dict()}
+                         "budget": self.budget.state_dict(), "guard": self.guard.state_dict()}
         if self.dp.distributed:  # live shards: the ShardedCheckpointer stages them itself
             model, optim = distributed.state_dicts(self.drafter, self.optimizer)
         else:
@@ -363,10 +367,10 @@ class Trainer:
         self.report_saves(log, console, wait=True)
         offenders = list(self._skipped_run)
         self._skipped_run.clear()
-        self.guard.consecutive = 0
         ckpt = self._newest_readable_checkpoint()
         if ckpt is not None:
             self._restore(ckpt)
+        self.guard.reset_skips()  # after the restore, which brings the checkpoint's windows
         self.skip_list.update(offenders)  # after the restore, which brings the checkpoint's older list
         to_step = self.step if ckpt is not None else None
         message = (f"{self.cfg.guard.max_consecutive_skips} steps in a row were skipped: rolled back to "
@@ -422,7 +426,7 @@ class Trainer:
                         mem_gb=torch.cuda.max_memory_allocated() / 2**30 if self.device.type == "cuda" else None,
                     )
                     # a guarded step is logged under the update number it would have had
-                    console.step(log.write("step", self.step + rec["skipped"], **rec))
+                    console.step(log.write("step", self.step + rec["skipped"], **step_record(rec)))
                     self._plan_time(log, console, step_time, time.time() - t_start)
                     self.report_saves(log, console)
                     if rec["skipped"]:

@@ -20,7 +20,9 @@ the prediction (for acceptance metrics) and the KL to the target's soft labels f
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -207,29 +209,51 @@ def denominator(label_mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
     return (label_mask.float() * w).sum()
 
 
+class StepSums(NamedTuple):
+    """A step's stats vector by name: its positions are these fields in this order (the last two
+    are [B-1] per-position lists), so the trainer and `blockdraft bench` decode it the same way."""
+
+    weighted_loss: float
+    weight_sum: float
+    kl_sum: float
+    streak_sum: float
+    blocks: float
+    correct: list[float]
+    counted: list[float]
+
+    @classmethod
+    def decode(cls, vector: Sequence[float]) -> StepSums:
+        n = len(cls._fields) - 2
+        k = (len(vector) - n) // 2
+        return cls(*vector[:n], list(vector[n : n + k]), list(vector[n + k :]))
+
+    @property
+    def loss(self) -> float:
+        """The reported (weight-normalised) loss of the step."""
+        return self.weighted_loss / max(self.weight_sum, 1e-12)
+
+
 def stats_vector(total: MicroStats) -> torch.Tensor:
-    """A step's sums as one fp32 vector: the unit of the cross-rank sum and of the host transfer."""
-    scalars = torch.stack([total.weighted_loss.detach(), total.weight_sum, total.kl_sum, total.streak_sum,
-                           total.blocks])
+    """A step's sums as one fp32 vector (laid out as `StepSums`): the unit of the cross-rank sum and
+    of the host transfer."""
+    scalars = torch.stack([getattr(total, name).detach() for name in StepSums._fields[:-2]])
     return torch.cat([scalars.float(), total.correct.float(), total.counted.float()])
 
 
 def summarize(vector: list[float], grad_norm: float) -> dict[str, float | list[float]]:
     """Host-side metrics of a whole step from `stats_vector` (summed over micro-batches and ranks)."""
-    k = (len(vector) - 5) // 2
-    loss_sum, wsum, kl_sum, streak_sum, blocks = vector[:5]
-    correct, counted = vector[5 : 5 + k], vector[5 + k :]
-    wsum = max(wsum, 1e-12)
-    streak = streak_sum / max(blocks, 1.0)
+    sums = StepSums.decode(vector)
+    wsum = max(sums.weight_sum, 1e-12)
+    streak = sums.streak_sum / max(sums.blocks, 1.0)
     return {
-        "loss": loss_sum / wsum,
-        "kl": kl_sum / wsum,
-        "acc": sum(correct) / max(sum(counted), 1.0),
-        "acc_per_pos": [round(c / max(n, 1.0), 5) for c, n in zip(correct, counted, strict=True)],
+        "loss": sums.loss,
+        "kl": sums.kl_sum / wsum,
+        "acc": sum(sums.correct) / max(sum(sums.counted), 1.0),
+        "acc_per_pos": [round(c / max(n, 1.0), 5) for c, n in zip(sums.correct, sums.counted, strict=True)],
         "streak": streak,
         "tau_est": 1.0 + streak,
-        "loss_tokens": int(sum(counted)),
-        "anchors": int(blocks),
+        "loss_tokens": int(sum(sums.counted)),
+        "anchors": int(sums.blocks),
         "grad_norm": grad_norm,
     }
 
