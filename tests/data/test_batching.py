@@ -116,7 +116,7 @@ def test_seed_incident_distribution_is_interleaved():
     assert described["pad_frac"] < 0.01
     assert abs(sum(b["token_share"] for b in described["buckets"]) - 1) < 1e-3
     seq = sampler.schedule(0)
-    assert bucket_positions(seq, sampler.group_counts).max() <= DRAIN_TOLERANCE
+    assert bucket_positions(seq, sampler.slot_counts).max() <= DRAIN_TOLERANCE
     homogeneous = BatchSampler(lengths, cfg.model_copy(update={"interleave": False}), seed=3).describe()
     assert homogeneous["length_autocorr_lag1"] > 0.8
     assert homogeneous["max_same_bucket_run"] == max(b["batches"] for b in homogeneous["buckets"])
@@ -186,21 +186,42 @@ def test_resume_with_other_data_is_refused():
 
 
 @settings(max_examples=30, deadline=None)
-@given(lengths=lengths_st, cfg=cfg_st, seed=st.integers(0, 1000), world=st.integers(2, 5))
-def test_ranks_share_buckets_steps_and_cover_the_data(lengths, cfg, seed, world):
-    samplers = [BatchSampler(lengths, cfg, seed, rank=r, world_size=world) for r in range(world)]
+@given(lengths=lengths_st, cfg=cfg_st, seed=st.integers(0, 1000), world=st.integers(1, 4), accum=st.integers(1, 3))
+def test_ranks_take_their_rank_major_share_of_every_update_and_cover_the_data(lengths, cfg, seed, world, accum):
+    samplers = [BatchSampler(lengths, cfg, seed, rank=r, world_size=world, grad_accum=accum) for r in range(world)]
     plans = [s.plan(1) for s in samplers]
-    assert len({len(p) for p in plans}) == 1
-    for step in zip(*plans, strict=True):
-        assert len({p.bucket for p in step}) == 1
+    assert {len(p) for p in plans} == {samplers[0].updates_per_epoch * accum}
+    slots = samplers[0].global_plan(1)
+    for r, plan in enumerate(plans):
+        for p in plan:
+            update, within = divmod(p.index, accum)
+            assert p.slot == update * world * accum + r * accum + within
+            assert p.bucket == slots[p.slot][0] and np.array_equal(p.sample_ids, slots[p.slot][1])
     seen = np.concatenate([p.sample_ids for plan in plans for p in plan])
     assert set(seen.tolist()) == set(range(len(lengths)))
     distinct = {tuple(p.sample_ids.tolist()) for plan in plans for p in plan}
     assert len(distinct) == sum(samplers[0].batch_counts)
     padding = world * len(plans[0]) - sum(samplers[0].batch_counts)
-    assert padding == sum(-n % world for n in samplers[0].batch_counts)
+    assert padding == -sum(samplers[0].batch_counts) % (world * accum)
     described = samplers[0].describe()
     assert described["batches"] == world * samplers[0].batches_per_epoch
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=lengths_st, cfg=cfg_st, seed=st.integers(0, 1000), size=st.integers(1, 6))
+def test_the_updates_do_not_depend_on_how_they_split_into_ranks_and_accumulation(lengths, cfg, seed, size):
+    """Every (world_size, grad_accum) with the same product plans the very same updates."""
+    splits = [(w, size // w) for w in range(1, size + 1) if size % w == 0]
+    updates = set()
+    for world, accum in splits:
+        plans = [BatchSampler(lengths, cfg, seed, rank=r, world_size=world, grad_accum=accum).plan(0)
+                 for r in range(world)]
+        per_update = []
+        for u in range(len(plans[0]) // accum):
+            per_update.append(tuple(tuple(p.sample_ids.tolist()) for plan in plans
+                                    for p in plan[u * accum:(u + 1) * accum]))
+        updates.add(tuple(per_update))
+    assert len(updates) == 1
 
 
 def test_helpers():
