@@ -75,6 +75,7 @@ def main() -> None:
         }
         args.out.write_text(json.dumps(summary))
         print(json.dumps({k: v for k, v in summary.items() if k != "per_update"}))
+    dist.barrier()  # no rank tears the group down while another still writes
     dist.destroy_process_group()
 
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from blockdraft.config import Config
     from blockdraft.data.cache import TokenizedDataset
 
-SCAN_TOKENS = 1 << 24
+SCAN_TOKENS = 1 << 22
 """Loss-mask tokens scanned at once when counting anchor candidates (bounds the scan's memory)."""
 
 
