@@ -48,7 +48,9 @@ class DataConfig(Section):
     overlong: Literal["truncate", "drop"] = "truncate"
     thinking: bool = False
     buckets: list[int] | Literal["auto"] = "auto"
-    tokens_per_batch: int = Field(12288, ge=1, description="padded tokens per micro-batch")
+    tokens_per_batch: int = Field(12288, ge=1, description="padded tokens per micro-batch, at most")
+    batch_cost: Literal["flops", "tokens"] = Field(
+        "flops", description="cut micro-batches to equal model FLOPs (ranks wait less) or to the token budget alone")
     max_same_bucket_run: int = Field(3, ge=1)
     interleave: bool = True
     prefetch_depth: int = Field(4, ge=1)

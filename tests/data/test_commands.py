@@ -175,3 +175,30 @@ def test_cli_modules_do_not_import_torch():
         "sys.exit(int('torch' in sys.modules or 'transformers' in sys.modules))"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_data_plans_the_updates_of_a_world_size_and_accumulation(tmp_path, qwen_dir, tiny_target, capsys):
+    """With the target's config.json the plan is cut by the run's cost model; without one it falls back
+    to padded tokens and says so. Both report how the updates mix the buckets."""
+    short = [chat("hi", "ok " * k) for k in range(1, 40)]
+    long = [chat("tell me", "a long answer " * (20 + k)) for k in range(12)]
+    path = write_jsonl(tmp_path / "mix.jsonl", short + long)
+    config = tmp_path / "run.yaml"
+    config.write_text("target: {path: unused}\ndrafter: {num_layers: 1, block_size: 4, target_layer_ids: [0, 1]}\n"
+                      "train: {num_anchors: 8}\n")
+    base = ["data", str(path), "--config", str(config), "--max-len", "256", "--tokens-per-batch", "512",
+            "--buckets", "32,96", "--cache-dir", str(tmp_path / "c"), "--world-size", "4", "--grad-accum", "2",
+            "--json"]
+    assert cli.main([*base, "--target", str(tiny_target)]) == 0
+    costed = json.loads(capsys.readouterr().out)
+    assert (costed["world_size"], costed["grad_accum"], costed["batch_cost"]) == (4, 2, "flops")
+    assert costed["batches"] == 8 * costed["updates_per_epoch"] == 4 * costed["batches_per_rank"]
+    assert set(costed["update_mix"]) == {"share_multi_bucket", "mean_max_bucket_share", "max_same_bucket_run"}
+    assert costed["update_mix"]["share_multi_bucket"] == 1.0  # 8 micro-batches, runs of 3 at most
+    assert costed["warnings"] == []
+
+    assert cli.main([*base, "--target", str(qwen_dir)]) == 0
+    by_tokens = json.loads(capsys.readouterr().out)
+    assert by_tokens["batch_cost"] == "tokens" and "no config.json" in by_tokens["warnings"][0]
+    assert cli.main([*base[:-1], "--target", str(tiny_target)]) == 0
+    assert "updates of 4 x 2 micro-batches" in capsys.readouterr().out

@@ -1,5 +1,6 @@
 """Data parallelism on CPU with gloo, 2 processes launched by torchrun: 2 ranks x 1 micro-batch train
-exactly like 1 rank x 2 accumulated micro-batches (DDP and FSDP2); sharded checkpoints resume at
+exactly like 1 rank x 2 accumulated micro-batches (DDP and FSDP2), on fixed batches and in real CLI
+runs with the real sampler, resumed at the other world size too; sharded checkpoints resume at
 another world size both ways and export to one serving folder; a rank killed with SIGKILL ends the
 job within seconds, with torchrun naming it, and the run resumes."""
 
@@ -22,7 +23,7 @@ from blockdraft.data import BatchSampler
 from blockdraft.errors import UserError
 from blockdraft.model.export import load_drafter
 from blockdraft.telemetry.log import read_log
-from blockdraft.train.checkpoint import committed_checkpoints, read_sharded
+from blockdraft.train.checkpoint import committed_checkpoints, load_checkpoint, read_sharded
 from blockdraft.train.ckpt_scan import scan
 from blockdraft.train.loop import Trainer
 from tests.conftest import make_config
@@ -83,7 +84,42 @@ def test_two_ranks_train_exactly_like_one_rank_accumulating_their_micro_batches(
     assert losses[0] != losses[-1]  # the weights did move
 
 
-def test_a_data_position_moves_to_another_world_size_at_the_same_fraction_of_its_epoch():
+def _steps(log: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in read_log(log) if r["kind"] == "step"}
+
+
+def test_a_real_run_of_2_ranks_x_1_equals_1_rank_x_2_and_resumes_at_the_other_world_size(tiny_config, tmp_path):
+    """`torchrun -m blockdraft train` with 2 ranks x 1 micro-batch logs the losses, buckets and tokens of
+    a 1-process run with grad_accum 2 (the same updates, the same anchors) and saves the same weights;
+    resumed on 1 process x 2, it continues that very update sequence."""
+    # a constant LR: the first run's max_steps (4) must not shape the schedule the resumed run continues
+    cfg = tiny_config(optim={"schedule": "constant"}, train={"max_steps": 4, "save_every": 2})
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(dump_config(cfg))
+    launch("-m", "blockdraft", "train", config_file, "train.grad_accum=1", "--no-console")
+    two = Path(cfg.train.out_dir)
+    more = cfg.train.model_copy(update={"max_steps": 6})
+    one_cfg = cfg.model_copy(update={"train": more.model_copy(update={"grad_accum": 2,
+                                                                       "out_dir": str(tmp_path / "one")})})
+    assert Trainer(one_cfg, show_console=False).run().status == "completed"
+    resumed = cfg.model_copy(update={"train": more.model_copy(update={"grad_accum": 2})})
+    assert Trainer(resumed, resume=True, show_console=False).run().status == "completed"  # 1 x 2, steps 5-6
+
+    a, b = _steps(two / "log.jsonl"), _steps(tmp_path / "one" / "log.jsonl")
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    for k in range(1, 7):
+        assert a[k]["loss"] == pytest.approx(b[k]["loss"], abs=1e-4), k
+        assert (a[k]["buckets"], a[k]["tokens"], a[k]["samples"]) == (b[k]["buckets"], b[k]["tokens"], b[k]["samples"])
+        assert len(a[k]["buckets"]) == 2
+    assert len({a[k]["loss"] for k in a}) == 6
+    for k in (4, 6):
+        got = load_checkpoint(two / "checkpoints" / f"step-{k:06d}", with_training_state=False).drafter_state
+        want = load_checkpoint(tmp_path / "one" / "checkpoints" / f"step-{k:06d}", with_training_state=False)
+        for name, tensor in want.drafter_state.items():
+            torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-6, msg=f"step {k} {name}")
+
+
+def test_a_data_position_moves_to_another_update_size_at_the_same_fraction_of_its_epoch():
     lengths, cfg = np.arange(8, 400), DataConfig(tokens_per_batch=1000)
     two, one = (BatchSampler(lengths, cfg, seed=3, rank=0, world_size=w) for w in (2, 1))
     two.load_state_dict({"epoch": 1, "index": 10, "fingerprint": two.fingerprint})
@@ -138,8 +174,8 @@ def test_sharded_checkpoints_resume_at_another_world_size_both_ways(tiny_config,
     assert [r["step"] for r in changed] == [3, 6]
     (evaluated,) = [r for r in records if r["kind"] == "eval"]  # under FSDP2, from the gathered drafter
     assert evaluated["step"] == 3 and evaluated["prompts"] == 2 and evaluated["lossless"] is True
-    plans = [BatchSampler(one.dataset.lengths, cfg.data, seed=cfg.train.seed, rank=r, world_size=2).plan(0)
-             for r in (0, 1)]
+    plans = [BatchSampler(one.dataset.lengths, cfg.data, seed=cfg.train.seed, rank=r, world_size=2,
+                          costs=one.sampler.costs).plan(0) for r in (0, 1)]
     tokens = {r["step"]: r["tokens"] for r in records if r["kind"] == "step"}
     assert [tokens[k] for k in (1, 2, 3)] == [sum(p[k].real_tokens for p in plans) for k in range(3)]  # all ranks
     step_lrs = {r["step"]: r["lr"] for r in records if r["kind"] == "step"}

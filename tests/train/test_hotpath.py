@@ -4,8 +4,8 @@ path (dense SDPA mask) computes, and odd micro-batches do not break an update.""
 import pytest
 import torch
 
-from blockdraft.train.blocks import sample_blocks
-from blockdraft.train.hotpath import HotPath, Pass, step_generator
+from blockdraft.train.blocks import anchor_generator, sample_blocks
+from blockdraft.train.hotpath import HotPath, Pass
 from blockdraft.train.loop import Trainer
 from blockdraft.train.loss import stats_vector
 
@@ -24,11 +24,11 @@ def test_flex_attention_path_equals_dense_mask_path(tiny_config):
     cfg = trainer.cfg
     (part,) = batch.passes
     blocks = sample_blocks(part.packed, cfg.drafter.block_size, cfg.train.num_anchors, trainer.drafter.mask_token_id,
-                           step_generator(0, 1, 0, trainer.device))
+                           anchor_generator(0, 1, 0, 0, trainer.device))
     assert blocks.anchors.shape[0] > 4 and len(set(blocks.doc.tolist())) > 1  # several packed sequences
     with torch.no_grad():
-        a = plain.micro_stats(part, blocks, 0.0, step_generator(0, 1, 0, trainer.device))
-        b = flex.micro_stats(part, blocks, 0.0, step_generator(0, 1, 0, trainer.device))
+        a = plain.micro_stats(part, blocks, 0.0, anchor_generator(0, 1, 0, 0, trainer.device))
+        b = flex.micro_stats(part, blocks, 0.0, anchor_generator(0, 1, 0, 0, trainer.device))
     torch.testing.assert_close(stats_vector(b), stats_vector(a), rtol=1e-5, atol=1e-4)
 
 

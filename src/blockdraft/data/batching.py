@@ -1,22 +1,30 @@
-"""Length buckets, token-budget micro-batches, and an epoch order in which all buckets drain together.
+"""Length buckets, cost-balanced micro-batches, and an epoch of updates that each mix the buckets.
 
 Why: grouping samples by length saves padding, but ordering the resulting batches bucket by bucket
 (or shuffling them freely when one bucket dominates) gives long runs of long batches, and the loss
-goes multimodal ("gradient whiplash": the seed incident). Here:
+goes multimodal ("gradient whiplash": the seed incident). The same holds one level up: an update
+whose world_size x grad_accum micro-batches all come from one bucket has that bucket's gradient and
+loss. Here:
 - inside a bucket, samples are sorted by length (ties broken at random each epoch) and cut into
-  micro-batches of at most `tokens_per_batch` PADDED tokens, so padding is tiny and the number of
+  micro-batches of at most `cost_budget` (data/cost.py: model FLOPs, or padded tokens with
+  `data.batch_cost=tokens`) and at most `tokens_per_batch` padded tokens, so padding stays tiny, a
+  micro-batch of many short samples takes about as long as one of two long ones, and the number of
   batches is the same every epoch;
-- the epoch's order is stride scheduling: bucket b with n_b of the epoch's N batches gets slots
-  spaced N/n_b apart from a random offset (each slot jittered by up to half a spacing), so each
-  bucket's consumed fraction tracks the epoch's progress (within a few batches) and all end
-  together, and no bucket appears more than `max_same_bucket_run` times in a row (across epoch
-  boundaries too) whenever the counts allow it; when one bucket is too big for that, runs are kept
-  to the smallest length the counts allow and `describe()` warns;
-- with data parallelism the schedule runs over groups of `world_size` batches of one bucket, and
-  rank r takes the r-th batch of each group: all ranks see the same bucket at the same step (a
-  bucket's batch count is rounded up to a multiple of world_size by repeating a few batches).
-Everything is a pure function of (lengths, config, seed, epoch), which makes resumption exact. A
-position saved at one world size moves to another at the same fraction of its epoch (`carry_over`).
+- the epoch is one global sequence of micro-batches, cut into updates of G = world_size x grad_accum
+  consecutive ones. Its order is stride scheduling: bucket b with n_b of the epoch's N slots gets
+  slots spaced N/n_b apart from a random offset (each jittered by up to half a spacing), so every
+  update is a small stratified sample of the length mix (each bucket holds about G * n_b / N of its
+  micro-batches), each bucket's consumed fraction tracks the epoch's progress, all buckets end
+  together, and no bucket appears more than `max_same_bucket_run` times in a row (across update and
+  epoch boundaries too) whenever the counts allow it; when one bucket is too big for that, runs are
+  kept to the smallest length the counts allow and `describe()` warns. An update of fewer slots
+  than buckets takes the next buckets of the same sequence, so consecutive updates interleave;
+- rank r takes micro-batches r*A .. r*A + A-1 of each update (rank-major). The epoch's slot count is
+  rounded up to a multiple of G by repeating a few batches, spread over the buckets by their shares.
+Everything is a pure function of (lengths, costs, config, seed, epoch, G): the updates do not depend
+on how G splits into ranks and accumulation, which makes resumption exact, at another world size too
+when G is the same. A position saved at another G moves to the same fraction of its epoch
+(`carry_over`).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from blockdraft.data.cost import SampleCosts, token_costs
 from blockdraft.errors import UserError
 
 if TYPE_CHECKING:
@@ -41,14 +50,17 @@ JITTER = 0.5
 
 @dataclass(frozen=True)
 class PlannedBatch:
-    """One micro-batch of this rank: which samples, from which bucket, at which place of the epoch."""
+    """One micro-batch of this rank: which samples, from which bucket, at which place of the epoch
+    (`index` in this rank's plan, `slot` in the epoch's global sequence)."""
 
     epoch: int
     index: int
+    slot: int
     bucket: int
     sample_ids: np.ndarray
     real_tokens: int
     padded_tokens: int
+    cost: float
 
 
 def auto_cuts(lengths: np.ndarray, n_buckets: int = AUTO_BUCKETS) -> list[int]:
@@ -68,19 +80,39 @@ def bucket_cuts(lengths: np.ndarray, buckets: list[int] | str) -> list[int]:
     return sorted({int(b) for b in buckets if int(b) > 0})
 
 
-def pack_sorted(sorted_lengths: np.ndarray, budget: int) -> np.ndarray:
-    """Batch boundaries over ascending lengths: a batch grows while count * longest <= budget.
+def pack_sorted(
+    lengths: np.ndarray, row: np.ndarray, work: np.ndarray, cost_budget: float, token_budget: int
+) -> np.ndarray:
+    """Batch boundaries over samples of ascending length: a batch of count rows grows while
+    count * row[last] + sum(work) <= cost_budget and count * lengths[last] <= token_budget.
 
-    A sample longer than the budget forms a batch on its own.
+    A sample over either budget forms a batch on its own.
     """
     bounds = [0]
-    start = 0
-    for j, length in enumerate(sorted_lengths.tolist()):
-        if j > start and (j - start + 1) * length > budget:
+    start, acc = 0, 0.0
+    for j, (length, r, w) in enumerate(zip(lengths.tolist(), row.tolist(), work.tolist(), strict=True)):
+        count = j - start + 1
+        if j > start and (count * r + acc + w > cost_budget or count * length > token_budget):
             bounds.append(j)
-            start = j
-    bounds.append(len(sorted_lengths))
+            start, acc = j, 0.0
+        acc += w
+    bounds.append(len(lengths))
     return np.asarray(bounds, dtype=np.int64)
+
+
+def batch_cost(ids: np.ndarray, costs: SampleCosts) -> float:
+    """Cost of one micro-batch (row cost grows with width, so the widest row sets it)."""
+    return float(len(ids) * costs.row[ids].max() + costs.work[ids].sum())
+
+
+def apportion(total: int, weights: list[int]) -> list[int]:
+    """`total` split over `weights` in proportion (largest remainders, ties to the lower index)."""
+    whole = sum(weights)
+    quotas = [total * w / whole for w in weights]
+    out = [math.floor(q) for q in quotas]
+    for k in sorted(range(len(weights)), key=lambda k: (out[k] - quotas[k], k))[: total - sum(out)]:
+        out[k] += 1
+    return out
 
 
 def run_bound(counts: list[int], max_run: int) -> int:
@@ -155,6 +187,7 @@ def homogeneous(counts: list[int], rng: np.random.Generator) -> np.ndarray:
 
 
 def longest_run(seq: np.ndarray) -> int:
+    """The longest run of equal consecutive values."""
     if len(seq) == 0:
         return 0
     change = np.flatnonzero(np.diff(seq) != 0)
@@ -177,12 +210,53 @@ def lag1_autocorr(x: np.ndarray) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-class BatchSampler:
-    """This rank's micro-batches, epoch after epoch, with an exact resumable position."""
 
-    def __init__(self, lengths: np.ndarray, cfg: DataConfig, seed: int, rank: int = 0, world_size: int = 1):
+
+def update_mix(seq: np.ndarray, update_size: int) -> dict[str, float | int]:
+    """How the updates of a global bucket sequence mix the buckets: the share of updates holding 2 or
+    more buckets, the mean over updates of the largest bucket's share of its micro-batches, and the
+    longest same-bucket run in micro-batches (across update boundaries)."""
+    updates = seq[: len(seq) - len(seq) % update_size].reshape(-1, update_size)
+    largest = [np.bincount(u).max() for u in updates]
+    multi = [len(np.unique(u)) >= 2 for u in updates]
+    return {
+        "share_multi_bucket": round(float(np.mean(multi)), 4) if len(updates) else 0.0,
+        "mean_max_bucket_share": round(float(np.mean(largest)) / update_size, 4) if len(updates) else 1.0,
+        "max_same_bucket_run": longest_run(seq),
+    }
+
+
+def drain_lag(seq: np.ndarray, counts: list[int], update_size: int) -> float:
+    """Largest gap, at any update boundary, between a bucket's consumed fraction of its micro-batches
+    and the epoch's progress: small when every bucket drains in step with the epoch."""
+    onehot = np.zeros((len(seq), len(counts)))
+    onehot[np.arange(len(seq)), seq] = 1
+    ends = np.arange(update_size, len(seq) + 1, update_size) - 1
+    consumed = onehot.cumsum(0)[ends] / np.maximum(np.asarray(counts), 1)[None]
+    return float(np.abs(consumed - ((ends + 1) / len(seq))[:, None]).max()) if len(ends) else 0.0
+
+
+class BatchSampler:
+    """This rank's micro-batches, epoch after epoch, with an exact resumable position.
+
+    `costs` (data/cost.py) says what each sample costs; without it, a micro-batch costs its padded
+    tokens. Update k (0-based within the epoch) is global slots kG .. kG + G - 1.
+    """
+
+    def __init__(
+        self,
+        lengths: np.ndarray,
+        cfg: DataConfig,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        grad_accum: int = 1,
+        costs: SampleCosts | None = None,
+    ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        if grad_accum < 1:
+            raise ValueError(f"grad_accum must be at least 1, not {grad_accum}")
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if len(self.lengths) == 0:
             raise UserError("no samples to batch")
@@ -190,6 +264,11 @@ class BatchSampler:
         self.seed = int(seed)
         self.rank = rank
         self.world_size = world_size
+        self.grad_accum = grad_accum
+        self.update_size = world_size * grad_accum
+        self.costs = costs if costs is not None else token_costs(self.lengths)
+        if len(self.costs.row) != len(self.lengths):
+            raise ValueError("costs must hold one entry per sample")
         self.budget = cfg.tokens_per_batch
         cuts = bucket_cuts(self.lengths, cfg.buckets)
         raw = np.searchsorted(np.asarray(cuts, dtype=np.int64), self.lengths, side="right")
@@ -198,33 +277,56 @@ class BatchSampler:
         edges = [0, *cuts, None]
         self.edges = [(edges[k], edges[k + 1]) for k in used.tolist()]
         self.members: list[np.ndarray] = []
-        self.bounds: list[np.ndarray] = []
         for b in range(len(used)):
             idx = np.flatnonzero(self.bucket_of == b)
-            self.members.append(idx)
-            self.bounds.append(pack_sorted(np.sort(self.lengths[idx]), self.budget))
+            self.members.append(idx[np.argsort(self.lengths[idx], kind="stable")])
+        self.cost_budget = self._cost_budget()
+        self.bounds = [self._pack(idx, self.cost_budget) for idx in self.members]
         self.batch_counts = [len(bd) - 1 for bd in self.bounds]
-        self.group_counts = [math.ceil(n / world_size) for n in self.batch_counts]
-        self.batches_per_epoch = sum(self.group_counts)
-        self.bound = run_bound(self.group_counts, cfg.max_same_bucket_run) if cfg.interleave else None
-        self.fingerprint = self._fingerprint(world_size)
+        total = sum(self.batch_counts)
+        self.updates_per_epoch = math.ceil(total / self.update_size)
+        pad = apportion(self.updates_per_epoch * self.update_size - total, self.batch_counts)
+        self.slot_counts = [n + p for n, p in zip(self.batch_counts, pad, strict=True)]
+        self.batches_per_epoch = self.updates_per_epoch * grad_accum  # this rank's
+        self.bound = run_bound(self.slot_counts, cfg.max_same_bucket_run) if cfg.interleave else None
+        self.fingerprint = self._fingerprint(self.update_size)
         self._schedules: dict[int, np.ndarray] = {}
         self._plans: dict[int, list[PlannedBatch]] = {}
         self._lock = threading.RLock()  # the prefetch thread plans while the main thread describes
         self.epoch = 0
         self.index = 0
 
-    def _fingerprint(self, world_size: int) -> str:
+    def _pack(self, idx: np.ndarray, cost_budget: float) -> np.ndarray:
+        return pack_sorted(self.lengths[idx], self.costs.row[idx], self.costs.work[idx], cost_budget, self.budget)
+
+    def _cost_budget(self) -> float:
+        """Padded tokens: the token budget. FLOPs: what `tokens_per_batch` padded tokens cost in the bucket
+        where a token costs least (the median over its token-budget micro-batches), so every micro-batch
+        costs about as much as a full one of that bucket and none holds more padded tokens than the
+        token budget allows."""
+        if self.costs.kind == "tokens":
+            return float(self.budget)
+        per_token = []
+        for idx in self.members:
+            bounds = self._pack(idx, math.inf)
+            batches = [idx[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+            per_token.append(np.median([batch_cost(ids, self.costs) / (len(ids) * self.lengths[ids].max())
+                                        for ids in batches]))
+        return float(min(per_token) * self.budget)
+
+    def _fingerprint(self, update_size: int) -> str:
         h = hashlib.blake2b(self.lengths.astype(np.int64).tobytes(), digest_size=12)
-        options = (self.cfg.buckets, self.budget, self.cfg.max_same_bucket_run, self.cfg.interleave)
-        h.update(repr((options, self.seed, world_size)).encode())
+        h.update(self.costs.row.tobytes())
+        h.update(self.costs.work.tobytes())
+        options = (self.cfg.buckets, self.budget, self.costs.kind, self.cfg.max_same_bucket_run, self.cfg.interleave)
+        h.update(repr((options, self.seed, update_size)).encode())
         return h.hexdigest()
 
     def _rng(self, epoch: int, stream: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, epoch, stream])
 
     def schedule(self, epoch: int) -> np.ndarray:
-        """Bucket of each step of `epoch`; epoch e continues the run that epoch e-1 ended with."""
+        """Bucket of each global slot of `epoch`; epoch e continues the run that epoch e-1 ended with."""
         with self._lock:
             return self._schedule(epoch)
 
@@ -232,13 +334,13 @@ class BatchSampler:
         if epoch in self._schedules:
             return self._schedules[epoch]
         if not self.cfg.interleave:
-            seq = homogeneous(self.group_counts, self._rng(epoch, 1))
+            seq = homogeneous(self.slot_counts, self._rng(epoch, 1))
         else:
             done = [e for e in self._schedules if e < epoch]
             start = max(done) + 1 if done else 0
             tail = tail_run(self._schedules[start - 1]) if start > 0 else None
             for e in range(start, epoch + 1):
-                seq = interleave(self.group_counts, self._rng(e, 1), self.cfg.max_same_bucket_run, tail)
+                seq = interleave(self.slot_counts, self._rng(e, 1), self.cfg.max_same_bucket_run, tail)
                 tail = tail_run(seq)
                 self._remember(self._schedules, e, seq)
         self._remember(self._schedules, epoch, seq)
@@ -253,17 +355,24 @@ class BatchSampler:
             del cache[next(iter(cache))]
 
     def _global_batches(self, epoch: int) -> list[list[np.ndarray]]:
-        """Per bucket, this epoch's batches in their order of use, padded to a multiple of world_size.
-
-        Padding repeats the bucket's first batches, so every rank has the same number of steps.
-        """
+        """Per bucket, this epoch's batches in their order of use, as many as the bucket's slots
+        (the padding repeats the bucket's first batches)."""
         rng = self._rng(epoch, 0)
         out = []
-        for idx, bounds, groups in zip(self.members, self.bounds, self.group_counts, strict=True):
+        for idx, bounds, slots in zip(self.members, self.bounds, self.slot_counts, strict=True):
             order = idx[np.lexsort((rng.random(len(idx)), self.lengths[idx]))]
             batches = [order[bounds[k] : bounds[k + 1]] for k in range(len(bounds) - 1)]
-            perm = np.resize(rng.permutation(len(batches)), groups * self.world_size)
-            out.append([batches[k] for k in perm])
+            out.append([batches[k] for k in np.resize(rng.permutation(len(batches)), slots)])
+        return out
+
+    def global_plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
+        """(bucket, sample ids) of every global slot of `epoch`, in order: the same on every rank."""
+        per_bucket = self._global_batches(epoch)
+        taken = [0] * len(per_bucket)
+        out = []
+        for b in self.schedule(epoch).tolist():
+            out.append((b, per_bucket[b][taken[b]]))
+            taken[b] += 1
         return out
 
     def plan(self, epoch: int) -> list[PlannedBatch]:
@@ -274,14 +383,14 @@ class BatchSampler:
     def _plan(self, epoch: int) -> list[PlannedBatch]:
         if epoch in self._plans:
             return self._plans[epoch]
-        per_bucket = self._global_batches(epoch)
-        taken = [0] * len(per_bucket)
+        g, a = self.update_size, self.grad_accum
         plan = []
-        for index, b in enumerate(self._schedule(epoch).tolist()):
-            ids = per_bucket[b][taken[b] * self.world_size + self.rank]
-            taken[b] += 1
+        for slot, (b, ids) in enumerate(self.global_plan(epoch)):
+            if (slot % g) // a != self.rank:
+                continue
             lens = self.lengths[ids]
-            plan.append(PlannedBatch(epoch, index, b, ids, int(lens.sum()), int(lens.max()) * len(ids)))
+            plan.append(PlannedBatch(epoch, len(plan), slot, b, ids, int(lens.sum()), int(lens.max()) * len(ids),
+                                     batch_cost(ids, self.costs)))
         self._remember(self._plans, epoch, plan)
         return plan
 
@@ -293,14 +402,20 @@ class BatchSampler:
             self.epoch, self.index = self.epoch + 1, 0
         return batch
 
+    def position(self, epoch: int, index: int) -> dict[str, Any]:
+        """The resumable state of position `index` of this rank's plan of `epoch`."""
+        if index == self.batches_per_epoch:
+            epoch, index = epoch + 1, 0
+        return {"epoch": epoch, "index": index, "grad_accum": self.grad_accum, "fingerprint": self.fingerprint}
+
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "index": self.index, "fingerprint": self.fingerprint}
+        return self.position(self.epoch, self.index)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("fingerprint") != self.fingerprint:
             raise UserError(
                 "the data or batching settings changed since this checkpoint (sampler fingerprint differs); "
-                "resume with the same data, seed, world size and data settings"
+                "resume with the same data, seed, world size x grad_accum and data settings"
             )
         epoch, index = int(state["epoch"]), int(state["index"])
         if not 0 <= index < self.batches_per_epoch or epoch < 0:
@@ -308,24 +423,26 @@ class BatchSampler:
         self.epoch, self.index = epoch, index
 
     def carry_over(self, state: dict[str, Any], world_size: int) -> dict[str, Any]:
-        """A position saved by a run of `world_size` ranks, for this one: unchanged at the same world
-        size; otherwise the same epoch at the same fraction of it, in this world size's plan (the
-        plans differ, so a few of this epoch's samples may be seen twice or not at all)."""
-        if world_size == self.world_size:
+        """A position saved by a run of `world_size` ranks, for this one. The same world_size x
+        grad_accum: the same update of the same plan (exact). Another: the same epoch at the same
+        fraction of it, in this plan (a few of this epoch's samples may be seen twice or not at all)."""
+        accum = int(state.get("grad_accum", 1))
+        if world_size == self.world_size and accum == self.grad_accum:
             return state
-        if state.get("fingerprint") != self._fingerprint(world_size):
+        saved_size = world_size * accum
+        if state.get("fingerprint") != self._fingerprint(saved_size):
             self.load_state_dict(state)  # raises the data-changed error
-        saved_batches = sum(math.ceil(n / world_size) for n in self.batch_counts)
-        index = min(self.batches_per_epoch - 1, round(int(state["index"]) * self.batches_per_epoch / saved_batches))
-        return {"epoch": int(state["epoch"]), "index": index, "fingerprint": self.fingerprint}
+        update = int(state["index"]) // accum
+        if saved_size != self.update_size:
+            saved_updates = math.ceil(sum(self.batch_counts) / saved_size)
+            update = min(self.updates_per_epoch - 1, round(update * self.updates_per_epoch / saved_updates))
+        return self.position(int(state["epoch"]), update * self.grad_accum)
 
     def describe(self, epochs: int = 2) -> dict[str, Any]:
         """The batch plan as printed at start, logged as the `data` record, and given by `data --json`."""
         seqs = [self.schedule(e) for e in range(epochs)]
-        plan = self.plan(0)
-        per_bucket = self._global_batches(0)
+        slots = self.global_plan(0)
         total_real = int(self.lengths.sum())
-        padded = [sum(len(b) * int(self.lengths[b].max()) for b in bucket) for bucket in per_bucket]
         buckets = []
         for b, (lo, hi) in enumerate(self.edges):
             lens = self.lengths[self.members[b]]
@@ -334,14 +451,17 @@ class BatchSampler:
                     "lo": lo,
                     "hi": hi if hi is not None else int(lens.max()) + 1,
                     "samples": len(lens),
-                    "batches": self.group_counts[b] * self.world_size,
+                    "batches": self.slot_counts[b],
                     "token_share": round(float(lens.sum()) / total_real, 4),
                     "min_len": int(lens.min()),
                     "max_len": int(lens.max()),
                 }
             )
-        real_all = sum(int(self.lengths[b].sum()) for bucket in per_bucket for b in bucket)
-        seq_lens = np.asarray([p.padded_tokens // len(p.sample_ids) for p in plan])
+        real = sum(int(self.lengths[ids].sum()) for _, ids in slots)
+        padded = sum(len(ids) * int(self.lengths[ids].max()) for _, ids in slots)
+        seq_lens = np.asarray([int(self.lengths[ids].max()) for _, ids in slots])
+        costs = np.asarray([batch_cost(ids, self.costs) for _, ids in slots])
+        per_rank = costs.reshape(self.updates_per_epoch, self.world_size, self.grad_accum).sum(axis=2)
         warnings = []
         if self.bound is not None and self.bound > self.cfg.max_same_bucket_run:
             warnings.append(
@@ -350,14 +470,22 @@ class BatchSampler:
             )
         return {
             "buckets": buckets,
-            "batches": self.batches_per_epoch * self.world_size,
+            "batches": self.updates_per_epoch * self.update_size,
             "batches_per_rank": self.batches_per_epoch,
             "world_size": self.world_size,
+            "grad_accum": self.grad_accum,
+            "updates_per_epoch": self.updates_per_epoch,
             "tokens_per_batch": self.budget,
+            "batch_cost": self.costs.kind,
+            "cost_budget": self.cost_budget,
+            "cost_cv": round(float(costs.std() / costs.mean()), 4),
+            "rank_wait_predicted": round(float(np.mean(1 - per_rank.mean(axis=1) / per_rank.max(axis=1))), 4),
             "interleave": self.cfg.interleave,
             "max_same_bucket_run": longest_run(np.concatenate(seqs)),
             "run_bound": self.bound,
+            "update_mix": update_mix(np.concatenate(seqs), self.update_size),
+            "drain_lag": round(drain_lag(seqs[0], self.slot_counts, self.update_size), 4),
             "length_autocorr_lag1": round(lag1_autocorr(seq_lens), 4),
-            "pad_frac": round(1.0 - real_all / max(1, sum(padded)), 4),
+            "pad_frac": round(1.0 - real / max(1, padded), 4),
             "warnings": warnings,
         }

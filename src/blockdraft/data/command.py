@@ -1,7 +1,10 @@
 """`blockdraft data FILE... --target DIR`: inspect a dataset before a four-day run.
 
 Reads and tokenises the files (filling the cache the run will use), then reports counts, skip
-reasons with line numbers, the length histogram and the batch plan; `--json` prints one object.
+reasons with line numbers, the length histogram and the batch plan for `--world-size` ranks of
+`--grad-accum` micro-batches (how each update mixes the buckets); `--json` prints one object. The
+micro-batches are cut by the cost model of the run (the target's config.json, the config's drafter and
+anchors), as training cuts them.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="render chats with thinking on (enable_thinking)",
     )
-    parser.add_argument("--tokens-per-batch", type=int, metavar="N", help="padded tokens per micro-batch")
+    parser.add_argument("--tokens-per-batch", type=int, metavar="N", help="padded tokens per micro-batch, at most")
+    parser.add_argument("--batch-cost", choices=["flops", "tokens"], help="what a micro-batch's budget counts")
     parser.add_argument("--buckets", metavar="auto|B1,B2,...", help="length bucket boundaries")
     parser.add_argument("--max-same-bucket-run", type=int, metavar="N")
     parser.add_argument("--no-interleave", action="store_true", help="plan the homogeneous order (ablation)")
@@ -34,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-workers", type=int, metavar="N", help="tokeniser processes (0: one per core)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the planned order")
     parser.add_argument("--world-size", type=int, default=1, metavar="N", help="plan for N data-parallel ranks")
+    parser.add_argument("--grad-accum", type=int, metavar="A", help="micro-batches per rank and update (default: "
+                        "the config's train.grad_accum)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
@@ -46,19 +52,20 @@ def _parse_buckets(text: str) -> list[int] | str:
         raise UserError(f"--buckets must be 'auto' or comma-separated integers, not {text!r}") from None
 
 
-def data_config(args: argparse.Namespace) -> Any:
-    """The config's data section (or the defaults) with the command-line flags on top."""
+def run_config(args: argparse.Namespace) -> Any:
+    """The config (or the defaults for this target) with the command-line data flags on top."""
     from pydantic import ValidationError
 
-    from blockdraft.config import DataConfig, load_config
+    from blockdraft.config import Config, load_config
 
-    base = load_config(args.config, []).data if args.config else DataConfig()
+    base = load_config(args.config, []) if args.config else Config.model_validate({"target": {"path": args.target}})
     flags = {
         "format": args.format,
         "max_len": args.max_len,
         "overlong": args.overlong,
         "thinking": args.thinking,
         "tokens_per_batch": args.tokens_per_batch,
+        "batch_cost": args.batch_cost,
         "buckets": _parse_buckets(args.buckets) if args.buckets else None,
         "max_same_bucket_run": args.max_same_bucket_run,
         "interleave": False if args.no_interleave else None,
@@ -68,10 +75,32 @@ def data_config(args: argparse.Namespace) -> Any:
     }
     updates = {k: v for k, v in flags.items() if v is not None}
     try:
-        return DataConfig.model_validate({**base.model_dump(), **updates})
+        data = type(base.data).model_validate({**base.data.model_dump(), **updates})
     except ValidationError as exc:
         err = exc.errors()[0]
         raise UserError(f"data.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
+    return base.model_copy(update={"data": data})
+
+
+def _costs(cfg: Any, dataset: Any, target: str) -> tuple[Any, list[str]]:
+    """The run's per-sample costs, and a note when the target folder cannot say them (no config.json:
+    then the padded-token budget alone cuts the micro-batches)."""
+    from pathlib import Path
+
+    from blockdraft.config import default_layer_ids
+    from blockdraft.data.cost import dataset_costs, token_costs
+
+    if cfg.data.batch_cost == "tokens":
+        return token_costs(dataset.lengths), []
+    if not (Path(target) / "config.json").is_file():
+        return token_costs(dataset.lengths), [
+            f"{target} has no config.json: micro-batches planned by padded tokens, not by the run's cost model"]
+    from transformers import AutoConfig
+
+    hf_cfg = AutoConfig.from_pretrained(target)
+    d = cfg.drafter
+    layer_ids = d.target_layer_ids or default_layer_ids(hf_cfg.num_hidden_layers, d.num_taps)
+    return dataset_costs(dataset, hf_cfg, cfg, layer_ids), []
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,11 +113,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.world_size < 1:
         raise UserError("--world-size must be at least 1")
-    cfg = data_config(args)
+    if args.grad_accum is not None and args.grad_accum < 1:
+        raise UserError("--grad-accum must be at least 1")
+    cfg = run_config(args)
     tokenizer = load_tokenizer(args.target)
-    dataset, report = prepare_dataset(cfg, tokenizer)
-    sampler = BatchSampler(dataset.lengths, cfg, seed=args.seed, rank=0, world_size=args.world_size)
+    dataset, report = prepare_dataset(cfg.data, tokenizer)
+    costs, notes = _costs(cfg, dataset, args.target)
+    accum = args.grad_accum or cfg.train.grad_accum
+    sampler = BatchSampler(dataset.lengths, cfg.data, seed=args.seed, rank=0, world_size=args.world_size,
+                           grad_accum=accum, costs=costs)
     summary = data_summary(report, sampler)
+    summary["warnings"] = [*notes, *summary["warnings"]]
     if args.json:
         print(json.dumps(summary))
     else:

@@ -138,10 +138,7 @@ class Prefetcher:
         if isinstance(item, _Failure):
             self._shutdown()
             raise item.exc
-        epoch, index = item.epoch, item.index_in_epoch + 1
-        if index == self.sampler.batches_per_epoch:
-            epoch, index = epoch + 1, 0
-        self._state = {"epoch": epoch, "index": index, "fingerprint": self.sampler.fingerprint}
+        self._state = self.sampler.position(item.epoch, item.index_in_epoch + 1)
         return item
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The dataset and batch plan as one dict (log record, `data --json`) and as rich tables.
 
 Shown at the start of every run and by `blockdraft data`, so a skewed plan (one bucket holding most
-batches, long same-bucket runs, batch lengths that follow each other) is seen before day four.
+batches, long same-bucket runs, updates of one bucket, batch lengths that follow each other, micro-
+batches of unequal cost that make ranks wait) is seen before day four.
 """
 
 from __future__ import annotations
@@ -81,9 +82,10 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         for h in summary["length_histogram"]:
             hist.add_row(str(h["lo"]), str(h["hi"]), f"{h['samples']:,}", "#" * round(30 * h["samples"] / peak))
         console.print(hist)
-    plan = Table(
-        title=f"batch plan ({summary['tokens_per_batch']:,} padded tokens per micro-batch)", title_justify="left"
-    )
+    budget = f"at most {summary['tokens_per_batch']:,} padded tokens"
+    if summary["batch_cost"] == "flops":
+        budget += f" and {summary['cost_budget']:.3g} FLOPs"
+    plan = Table(title=f"batch plan ({budget} per micro-batch)", title_justify="left")
     for col in ("bucket", "lengths", "samples", "batches", "token share"):
         plan.add_column(col, justify="right")
     for b, bucket in enumerate(summary["buckets"]):
@@ -99,6 +101,14 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         f"{summary['batches']:,} micro-batches per epoch, padding {100 * summary['pad_frac']:.1f}%, "
         f"max same-bucket run {summary['max_same_bucket_run']}, "
         f"lag-1 autocorrelation of batch lengths {summary['length_autocorr_lag1']:+.2f}"
+    )
+    mix = summary["update_mix"]
+    console.print(
+        f"{summary['updates_per_epoch']:,} updates of {summary['world_size']} x {summary['grad_accum']} micro-batches: "
+        f"{100 * mix['share_multi_bucket']:.0f}% mix 2+ buckets, the largest bucket holds "
+        f"{100 * mix['mean_max_bucket_share']:.0f}% of an update on average; buckets drain within "
+        f"{100 * summary['drain_lag']:.1f}% of the epoch; micro-batch cost varies {100 * summary['cost_cv']:.0f}% "
+        f"(ranks would wait {100 * summary['rank_wait_predicted']:.1f}% of an update)"
     )
     for warning in summary.get("warnings", []):
         console.print(f"[yellow]warning:[/] {warning}")

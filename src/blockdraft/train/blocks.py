@@ -10,7 +10,9 @@ For an anchor at position a of its sequence:
   labels         x_{a+1} .. x_{a+B-1}                (block position k predicts x_{a+k}: no shift)
   label counted  only where the label is an assistant token.
 Anchors are drawn uniformly without replacement among assistant positions a >= 1 whose whole block
-fits in the sequence (a + B - 1 < length), at most `num_anchors` per sequence.
+fits in the sequence (a + B - 1 < length), at most `num_anchors` per sequence. Their RNG is keyed by
+the update and the micro-batch's index in it over all ranks (`anchor_generator`), so an update draws
+the same anchors however world_size x grad_accum splits it, and again when resumed.
 """
 
 from __future__ import annotations
@@ -104,6 +106,14 @@ class Blocks:
     @property
     def block_size(self) -> int:
         return self.tokens.shape[-1]
+
+
+def anchor_generator(seed: int, step: int, micro: int, part: int, device: torch.device) -> torch.Generator:
+    """A stateless RNG for pass `part` of micro-batch `micro` (rank * grad_accum + its index on the rank)
+    of update `step`: the anchors (and noise) of that pass, on any world size and after a resume."""
+    g = torch.Generator(device=device)
+    g.manual_seed((((seed * 1_000_003 + step) * 1_013 + micro) * 4_099 + part) % (2**63 - 1))
+    return g
 
 
 def sample_blocks(

@@ -124,6 +124,17 @@ def sum_over_ranks(values: list[int | bool], device: torch.device) -> list[int]:
     return t.tolist()
 
 
+def rank_major(values: list[int], device: torch.device) -> list[int]:
+    """Every rank's values (the same count on each), concatenated in rank order, on every rank."""
+    if not dist.is_initialized():
+        return [int(v) for v in values]
+    n, rank = len(values), dist.get_rank()
+    t = torch.zeros(n * dist.get_world_size(), dtype=torch.int64, device=device)
+    t[rank * n : (rank + 1) * n] = torch.tensor([int(v) for v in values], dtype=torch.int64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

@@ -28,15 +28,8 @@ from blockdraft.data import Batch
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.masks import dense_mask, flex_block_mask
 from blockdraft.model.target import Target
-from blockdraft.train.blocks import Blocks, Packed, pack, row_blocks, sample_blocks, split_rows
+from blockdraft.train.blocks import Blocks, Packed, anchor_generator, pack, row_blocks, sample_blocks, split_rows
 from blockdraft.train.loss import MicroStats, add_stats, block_loss, denominator, stats_vector
-
-
-def step_generator(seed: int, step: int, index: int, device: torch.device) -> torch.Generator:
-    """A stateless RNG per (step, pass index): resuming at step k replays the same anchors and noise."""
-    g = torch.Generator(device=device)
-    g.manual_seed((seed * 1_000_003 + step) * 1_013 + index)
-    return g
 
 
 @dataclass
@@ -185,15 +178,17 @@ class HotPath:
         """Forward and backward of update `step` over its micro-batches; gradients are left in the
         drafter's .grad, clipped. Returns (the step's stats vector summed over ranks, grad norm)."""
         cfg = self.cfg
+        # (micro-batch index in the update over all ranks, pass index): 2 ranks x 1 draw what 1 x 2 draws
+        keys = [(rank * len(micro_batches) + j, p) for j, mb in enumerate(micro_batches) for p in range(len(mb.passes))]
         passes = [p for mb in micro_batches for p in mb.passes]
         if dist.is_initialized():  # every rank must run as many passes: each forward holds collectives
             most = torch.tensor([len(passes)], device=self.device)
             dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            keys += [(-1 - rank, i) for i in range(int(most) - len(passes))]  # placeholders: no labels
             passes += [Pass.placeholder(passes[-1])] * (int(most) - len(passes))
         blocks, gens = [], []
-        for i, part in enumerate(passes):
-            # numbered across ranks: 2 ranks x 1 pass draw what 1 rank x 2 passes draws
-            g = step_generator(cfg.train.seed, step, rank * len(passes) + i, self.device)
+        for part, (micro, index) in zip(passes, keys, strict=True):
+            g = anchor_generator(cfg.train.seed, step, micro, index, self.device)
             blocks.append(sample_blocks(part.packed, cfg.drafter.block_size, cfg.train.num_anchors,
                                         self.drafter.mask_token_id, g))
             gens.append(g)

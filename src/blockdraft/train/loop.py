@@ -1,8 +1,9 @@
 """The training loop: config in, run folder out.
 
 Per optimizer update k (1-based):
-  take grad_accum micro-batches -> sample anchors for each (seeded by (seed, k, rank, micro): a
-  resume replays identical anchors) -> D = static label weight over the whole step ->
+  take grad_accum micro-batches (this rank's share of update k of the sampler's global plan) ->
+  sample anchors for each (seeded by (seed, k, micro-batch index over all ranks, pass): any world
+  size and a resume draw identical anchors) -> D = static label weight over the whole step ->
   per micro-batch: target taps (no grad) -> fuse (+ noise) -> drafter -> chunked loss / D -> backward
   -> clip -> AdamW at lr_at(k) -> one `step` record -> checkpoint / eval when due.
 """
@@ -26,6 +27,7 @@ import torch
 from blockdraft import __version__
 from blockdraft.config import Config, default_layer_ids, dump_config, total_warmup_steps
 from blockdraft.data import Batch, BatchSampler, DataReport, Prefetcher, TokenizedDataset, data_record, prepare_dataset
+from blockdraft.data.cost import dataset_costs
 from blockdraft.doctor.live import LiveDoctor
 from blockdraft.errors import UserError, make_dir
 from blockdraft.evaluate.prompts import heldout_prompts
@@ -124,7 +126,8 @@ class Trainer:
         self.hot.module, self.hot.defer_sync = distributed.wrap(self.hot.module, cfg.train.parallel, self.dp,
                                                                 self.device)  # before the optimizer (FSDP2)
         self.sampler = BatchSampler(self.dataset.lengths, cfg.data, seed=cfg.train.seed, rank=self.rank,
-                                    world_size=self.world)
+                                    world_size=self.world, grad_accum=cfg.train.grad_accum,
+                                    costs=dataset_costs(self.dataset, hf_cfg, cfg, layer_ids))
         per_epoch = max(1, self.sampler.batches_per_epoch // cfg.train.grad_accum)
         self.total_steps = cfg.train.max_steps or max(1, math.ceil(cfg.train.epochs * per_epoch))
         self.warmup_steps = total_warmup_steps(cfg.optim, self.total_steps)
@@ -216,9 +219,9 @@ class Trainer:
         if saved_world != self.world:
             self._world_note = (
                 f"checkpoint written by {saved_world} ranks, resumed on {self.world}: weights, optimizer, step and "
-                f"LR schedule continue exactly; the batch plan is re-made for {self.world} ranks from the same "
-                f"fraction of epoch {state['data']['epoch']}, and the skip list ({len(self.skip_list)} batches of the "
-                f"old plan) is dropped")
+                f"LR schedule continue exactly; the batch plan continues with the same update if world_size x "
+                f"grad_accum is unchanged, else from the same fraction of epoch {state['data']['epoch']}; the skip "
+                f"list ({len(self.skip_list)} batches of the old plan) is dropped")
             self.skip_list.clear()
         self.resumed_from = self.step
 
@@ -287,8 +290,9 @@ class Trainer:
         host = torch.cat([grad_norm.detach().float().reshape(1), vector]).cpu().tolist()  # the step's one sync
         metrics = summarize(host[1:], host[0])  # the guard decides on these floats
         grad_norm = metrics["grad_norm"]
-        bucket = max(mb.bucket for mb in micro_batches)
-        reason = self.guard.check(bucket, metrics["loss"], grad_norm)
+        # the whole update's buckets: every rank keys the guard alike, so all apply or skip the update
+        buckets = distributed.rank_major([mb.bucket for mb in micro_batches], self.device)
+        reason = self.guard.check(max(buckets), metrics["loss"], grad_norm)
         if reason is None:
             self.optimizer.step()
             self.step = k
@@ -300,6 +304,7 @@ class Trainer:
             "skipped": reason is not None,
             "skip_reason": reason,
             "noise_std": noise_std,
+            "buckets": buckets,
         }
 
     # ---- the run -----------------------------------------------------------------------------------
@@ -419,7 +424,7 @@ class Trainer:
                     rec.update(
                         epoch=last.epoch, epoch_progress=last.epoch_progress, progress=self.step / self.total_steps,
                         samples=samples, tokens=tokens,
-                        pad_frac=1.0 - tokens / max(padded, 1), buckets=[mb.bucket for mb in micro],
+                        pad_frac=1.0 - tokens / max(padded, 1),
                         seq_len_max=max(int(mb.input_ids.shape[1]) for mb in micro),
                         step_time=step_time, data_wait=data_wait, queue_depth=self.prefetcher.queue_depth,
                         tok_per_s=tokens / max(step_time, 1e-9), mfu=None,

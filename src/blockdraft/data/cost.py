@@ -1,0 +1,100 @@
+"""What a micro-batch costs, from its samples alone: the number the batch plan cuts micro-batches by.
+
+Why: with data parallelism every rank waits for the slowest at the update's all-reduce, and a padded-
+token budget does not make micro-batches equally slow. A short sequence brings up to `num_anchors`
+blocks of B queries for few context tokens, a long one few blocks for many tokens: per token, the
+drafter's work differs several times between buckets. The model FLOPs of `bench/flops.py` (one
+definition of the cost rule) give, per micro-batch of n rows padded to width T,
+  cost = n * row(T)            the frozen target's forward over the padded batch
+       + sum_i work(sample i)  the drafter over sample i's context, blocks and labels
+The drafter terms are linear in (context tokens, blocks, context seen, labels), so a sample's share
+is exact and additive; its blocks are min(num_anchors, anchor candidates) and the context each block
+sees is taken at its expectation (the mean candidate position), as `blockdraft bench` counts them.
+`TokenCost` is the padded-token rule (row(T) = T, no per-sample term).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from blockdraft.bench.flops import Dims, DraftWork, drafter_flops, target_flops
+
+if TYPE_CHECKING:
+    from blockdraft.config import Config
+    from blockdraft.data.cache import TokenizedDataset
+
+SCAN_TOKENS = 1 << 22
+"""Loss-mask tokens scanned at once when counting anchor candidates (bounds the scan's memory)."""
+
+
+@dataclass(frozen=True)
+class SampleCosts:
+    """Per sample i: `row[i]` the target's cost of one row of width len_i, `work[i]` the drafter's
+    cost of sample i. A batch of ascending samples s..j costs (j - s + 1) * row[j] + sum(work[s..j])."""
+
+    kind: str
+    row: np.ndarray  # [N] float64
+    work: np.ndarray  # [N] float64
+
+
+def token_costs(lengths: np.ndarray) -> SampleCosts:
+    """Cost = padded tokens: the plan of a padded-token budget."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    return SampleCosts("tokens", lengths, np.zeros_like(lengths))
+
+
+def anchor_candidates(dataset: TokenizedDataset, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per sample: (count of anchor candidates, sum of their positions), as `train.blocks` defines a
+    candidate: a loss position a >= 1 whose block fits (a + B - 1 < length)."""
+    n = len(dataset.lengths)
+    counts, pos_sums = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64)
+    start = 0
+    while start < n:
+        stop = int(np.searchsorted(dataset.offsets, dataset.offsets[start] + SCAN_TOKENS, side="right")) - 1
+        stop = min(n, max(stop, start + 1))
+        lo, hi = int(dataset.offsets[start]), int(dataset.offsets[stop])
+        lengths = dataset.lengths[start:stop].astype(np.int64)
+        doc = np.repeat(np.arange(stop - start), lengths)  # [tokens]
+        pos = np.arange(hi - lo) - (dataset.offsets[start:stop].astype(np.int64) - lo)[doc]
+        cand = np.asarray(dataset.mask[lo:hi]) & (pos >= 1) & (pos + block_size - 1 < lengths[doc])
+        counts[start:stop] = np.bincount(doc, weights=cand, minlength=stop - start).astype(np.int64)
+        pos_sums[start:stop] = np.bincount(doc, weights=cand * pos, minlength=stop - start)
+        start = stop
+    return counts, pos_sums
+
+
+def _linear_terms(fn: Any, arity: int) -> list[float]:
+    """Coefficients of a linear function without intercept: its values at the unit vectors."""
+    return [fn(*[1 if k == j else 0 for k in range(arity)]) for j in range(arity)]
+
+
+def flop_costs(
+    lengths: np.ndarray, candidates: np.ndarray, candidate_pos_sums: np.ndarray, hf_cfg: Any, cfg: Config,
+    layer_ids: list[int],
+) -> SampleCosts:
+    """Model FLOPs of each sample (training: forward and backward of the drafter, forward of the target
+    up to its last tapped layer) for the run `cfg` on the target whose HF config is `hf_cfg`."""
+    d, b = cfg.drafter, cfg.drafter.block_size
+    target = Dims.of(hf_cfg)
+    drafter = Dims(target.hidden, target.heads, target.kv_heads, target.head_dim,
+                   d.intermediate_size or target.intermediate)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    widths, inverse = np.unique(lengths, return_inverse=True)
+    per_width = np.asarray([target_flops([int(t)], target, max(layer_ids) + 1) for t in widths])
+    c_len, c_blocks, c_seen, c_labels = _linear_terms(
+        lambda *w: drafter_flops(DraftWork(*w), drafter, d.num_layers, len(layer_ids), b, hf_cfg.vocab_size), 4)
+    blocks = np.minimum(candidates, cfg.train.num_anchors).astype(np.float64)
+    seen = blocks * candidate_pos_sums / np.maximum(candidates, 1)
+    work = c_len * lengths + c_blocks * blocks + c_seen * seen + c_labels * blocks * (b - 1)
+    return SampleCosts("flops", per_width[inverse], work)
+
+
+def dataset_costs(dataset: TokenizedDataset, hf_cfg: Any, cfg: Config, layer_ids: list[int]) -> SampleCosts:
+    """The run's cost per sample, per `data.batch_cost`."""
+    if cfg.data.batch_cost == "tokens":
+        return token_costs(dataset.lengths)
+    counts, pos_sums = anchor_candidates(dataset, cfg.drafter.block_size)
+    return flop_costs(dataset.lengths, counts, pos_sums, hf_cfg, cfg, layer_ids)

@@ -1,0 +1,54 @@
+"""The cost model: anchor candidates as training counts them, and a micro-batch's cost as the model
+FLOPs of bench/flops.py give it for the padded target forward plus the drafter's work."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen3Config
+
+from blockdraft.bench.flops import Dims, DraftWork, drafter_flops, target_flops
+from blockdraft.config import build_config
+from blockdraft.data import cost
+from blockdraft.data.batching import batch_cost
+from blockdraft.train.blocks import pack
+
+
+def fake_dataset(lengths: list[int], rng: np.random.Generator) -> SimpleNamespace:
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return SimpleNamespace(lengths=np.asarray(lengths, dtype=np.int32), offsets=offsets,
+                           mask=rng.random(int(offsets[-1])) < 0.6)
+
+
+@pytest.mark.parametrize("scan_tokens", [7, 1 << 22])
+def test_anchor_candidates_are_the_ones_training_samples_from(monkeypatch, scan_tokens):
+    monkeypatch.setattr(cost, "SCAN_TOKENS", scan_tokens)  # a scan cut into many pieces counts the same
+    rng = np.random.default_rng(0)
+    ds = fake_dataset([3, 17, 1, 40, 9, 25], rng)
+    counts, pos_sums = cost.anchor_candidates(ds, block_size=4)
+    for i, n in enumerate(ds.lengths.tolist()):
+        mask = torch.from_numpy(ds.mask[ds.offsets[i] : ds.offsets[i + 1]].copy())[None]
+        packed = pack(torch.zeros(1, n, dtype=torch.long), mask, torch.tensor([n]), block_size=4, num_anchors=10**6)
+        assert counts[i] == packed.num_blocks
+        assert pos_sums[i] == packed.pos[packed.candidates].sum().item()
+
+
+def test_a_micro_batch_costs_the_padded_target_forward_plus_the_drafter_work():
+    hf = Qwen3Config(vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    cfg = build_config({"target": {"path": "unused"}, "drafter": {"num_layers": 2, "block_size": 8},
+                        "train": {"num_anchors": 5}})
+    lengths = np.array([30, 12, 50])
+    candidates = np.array([20, 3, 41])
+    pos_sums = np.array([300.0, 20.0, 1000.0])
+    costs = cost.flop_costs(lengths, candidates, pos_sums, hf, cfg, [1, 4])
+    blocks = np.minimum(candidates, 5)
+    work = DraftWork(int(lengths.sum()), int(blocks.sum()), float((blocks * pos_sums / candidates).sum()),
+                     int(blocks.sum()) * 7)
+    expected = target_flops([50] * 3, Dims.of(hf), 5) + drafter_flops(work, Dims.of(hf), 2, 2, 8, 500)
+    assert batch_cost(np.array([1, 0, 2]), costs) == pytest.approx(expected, rel=1e-12)
+    tokens = cost.token_costs(lengths)
+    assert batch_cost(np.array([1, 0, 2]), tokens) == 150  # padded tokens
