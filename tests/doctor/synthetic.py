@@ -380,6 +380,11 @@ class _Sim:
         self.schedule = "constant"
         self.planted.append(Planted("plateau", (s + 1, self.n), "info"))
 
+    def plant_data_repetition(self) -> None:
+        self.epochs = int(self.rng.integers(12, 30))
+        self.steps_per_epoch = max(10, self.total // self.epochs)
+        self.planted.append(Planted("data_repetition", (1, self.n)))
+
     def plant_tau_gap(self) -> None:
         self.eval_every = self.eval_every or 500
         self.tau_factor = float(self.rng.uniform(0.45, 0.72))
