@@ -1,7 +1,7 @@
 """Two runs' per-step records side by side: the largest loss difference over the common steps, and
 whether every step trained on the same micro-batches (buckets, tokens, samples).
 
-  python benchmarks/compare_logs.py RUN_A RUN_B
+  python bench/compare_logs.py RUN_A RUN_B
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ FLOPs; a rank waits (max - its own); reported as the mean share of the update (1
 compared on one dataset: this tree's (FLOPs and padded-token budgets) and, with --old-batching, the
 batch plan before issue 20 (its batching.py, loaded from an export of that source).
 
-  python benchmarks/predicted_wait.py FILE --target DIR --config RUN.yaml --world-size 8 \
+  python bench/predicted_wait.py FILE --target DIR --config RUN.yaml --world-size 8 \
       [--old-batching /tmp/old/src/blockdraft/data/batching.py] [data.key=value ...]
 """
 

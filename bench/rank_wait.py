@@ -6,7 +6,7 @@ between a rank's end of compute and the second barrier is what it would wait at 
 all-reduce for the slowest rank. Uses only the Trainer API that the batch plan before issue 20 had too,
 so the same script measures the old plan (PYTHONPATH at an export of that source) and the new one.
 
-  OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 benchmarks/rank_wait.py CONFIG OUT.json \
+  OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 bench/rank_wait.py CONFIG OUT.json \
       --updates 40 [key=value ...]
 """
 

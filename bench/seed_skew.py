@@ -2,9 +2,9 @@
 or those divided by --scale for the demo target's 512 tokens) with one bucket holding about half of the
 micro-batches. Texts are windows of the bundled demo corpus, cut to the drawn token counts.
 
-  python benchmarks/seed_skew.py corpus OUT.jsonl --samples 20000              # for `blockdraft data`
-  python benchmarks/seed_skew.py corpus OUT.jsonl --samples 3000 --scale 16    # for CPU training runs
-  python benchmarks/seed_skew.py target DIR   # Qwen3-8B's config.json + the demo tokenizer (data only)
+  python bench/seed_skew.py corpus OUT.jsonl --samples 20000              # for `blockdraft data`
+  python bench/seed_skew.py corpus OUT.jsonl --samples 3000 --scale 16    # for CPU training runs
+  python bench/seed_skew.py target DIR   # Qwen3-8B's config.json + the demo tokenizer (data only)
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ log(loss) on log(step); eta^2 = variance of the per-group means of the residual 
 size) / variance of the residual. An update's group is its most frequent bucket (ties: the larger id),
 which for one-bucket updates is simply their bucket.
 
-  python benchmarks/bucket_eta2.py RUN [RUN ...]
+  python bench/bucket_eta2.py RUN [RUN ...]
 """
 
 from __future__ import annotations
