@@ -16,10 +16,11 @@ from importlib import resources
 from pathlib import Path
 
 ASSETS = resources.files("blockdraft") / "assets"
-# Updates per minute of budget with the demo config: 0.42-0.52 s an update on an idle 2-core CPU (measured); the
-# GPU figure is a plan, not measured with this target. The LR schedule is planned for this many updates;
-# `train.max_minutes` stops a slower machine early.
-STEPS_PER_MINUTE = {"cpu": 120, "cuda": 500}
+# Updates per minute of budget with the demo config: 0.13-0.16 s an update on an idle 2-core CPU (measured
+# with cost-balanced micro-batches, benchmarks/2026-12-01-cpu-demo.md); the GPU figure is a plan, not
+# measured. The LR schedule is planned for this many updates; `train.max_minutes` re-plans it from the
+# measured rate on a slower machine.
+STEPS_PER_MINUTE = {"cpu": 360, "cuda": 500}
 CHUNK_CHARS = 1500
 
 

@@ -1,3 +1,5 @@
+import numpy as np
+
 from ..conftest import codes
 
 
@@ -42,3 +44,27 @@ def test_runs_forced_by_one_dominant_bucket_are_not_a_batching_bug():
     assert "homogeneous_batches" not in codes
     codes = {f.code for f in diagnose(run_from_records([start, *steps]))}
     assert "homogeneous_batches" in codes
+
+
+def _updates(mixed: bool, n: int = 300, per_update: int = 8):
+    from blockdraft.doctor.detectors import diagnose
+    from blockdraft.doctor.records import run_from_records
+
+    rng = np.random.default_rng(0)
+    recs = []
+    for k in range(1, n + 1):
+        buckets = (rng.integers(0, 4, per_update) if mixed else np.full(per_update, k % 4)).tolist()
+        recs.append({"kind": "step", "time": float(k), "step": k, "loss": 2.0 + 0.01 * rng.standard_normal(),
+                     "lr": 1e-3, "buckets": buckets})
+    return [f for f in diagnose(run_from_records(recs)) if f.code == "homogeneous_batches"]
+
+
+def test_updates_of_one_bucket_each_are_found_even_when_buckets_alternate():
+    """The seed's failure at the update level: 8 ranks all on one bucket, a new bucket every update."""
+    found = _updates(mixed=False)
+    assert found and "hold a single length bucket" in found[0].summary
+    assert found[0].evidence["share_single_bucket"] == 1.0
+
+
+def test_updates_that_mix_buckets_are_quiet():
+    assert not _updates(mixed=True)

@@ -10,6 +10,7 @@ from blockdraft.data.batching import lag1_autocorr
 from blockdraft.doctor import schedule, stats
 from blockdraft.doctor.context import Context
 from blockdraft.doctor.findings import Finding
+from blockdraft.doctor.records import MIXED_BUCKET
 
 DEFAULT_MAX_RUN = 3
 MIN_LEVEL_SPREAD = 1.25
@@ -84,10 +85,36 @@ def _level_order(ctx: Context, levels: stats.Levels) -> dict[str, float]:
     }
 
 
+def _homogeneous_updates(ctx: Context) -> Finding | None:
+    """Updates of several micro-batches (ranks x accumulation) that each hold one length bucket:
+    the interleave holds across updates, yet every update's gradient and loss are one bucket's."""
+    t = ctx.t
+    counts = np.bincount(t.bucket_row, minlength=ctx.n) if len(t.bucket_row) else np.zeros(ctx.n, dtype=int)
+    multi = np.flatnonzero(counts >= 2)
+    if len(multi) < 50 or len(np.unique(t.bucket_seq)) < 2:
+        return None
+    one = multi[t.bucket[multi] != MIXED_BUCKET]
+    share = len(one) / len(multi)
+    if share < 0.5:
+        return None
+    return Finding(
+        code="homogeneous_batches",
+        severity="warning",
+        steps=(ctx.step_at(int(multi[0])), ctx.step_at(int(multi[-1]))),
+        summary=(f"{100 * share:.0f}% of the {len(multi)} updates of several micro-batches hold a single length "
+                 "bucket: each update's gradient and loss are one bucket's"),
+        evidence={"updates_multi_microbatch": float(len(multi)), "share_single_bucket": share},
+        advice=("Draw each update's micro-batches (all ranks, all accumulation steps) from the buckets in "
+                "proportion (blockdraft does: data record update_mix); balance ranks by cost, not by homogeneity."),
+        weight=share,
+    )
+
+
 def homogeneous_batches(ctx: Context) -> list[Finding]:
+    updates = _homogeneous_updates(ctx)
     info = _batch_order(ctx)
     if not info or not info["violated"]:
-        return []
+        return [updates] if updates else []
     if info.get("from_loss_levels"):
         return [_homogeneous_from_levels(ctx, info)]
     parts = []
@@ -99,6 +126,8 @@ def homogeneous_batches(ctx: Context) -> list[Finding]:
         parts.append(f"bucket {info['top_bucket']} holds {100 * info['top_share']:.0f}% of batches")
     if math.isfinite(info["lag1_autocorr"]):
         parts.append(f"lag-1 autocorrelation of batch length (bucket) {info['lag1_autocorr']:.2f}")
+    if updates:
+        parts.append(updates.summary)
     modes = _bucket_modes(ctx)
     strong = modes is not None and modes["eta2"] >= 0.2 and info.get("max_run", 0) >= 8
     return [
@@ -107,7 +136,7 @@ def homogeneous_batches(ctx: Context) -> list[Finding]:
             severity="error" if strong else "warning",
             steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
             summary="batches come in long runs of one length bucket: " + "; ".join(parts),
-            evidence={k: v for k, v in info.items() if k != "violated"},
+            evidence={**{k: v for k, v in info.items() if k != "violated"}, **(updates.evidence if updates else {})},
             advice=(
                 "Interleave buckets proportionally (data.interleave=true, data.max_same_bucket_run=3) so every "
                 "bucket drains at the same pace; consecutive long batches whip the gradient around."
