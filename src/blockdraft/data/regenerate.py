@@ -24,6 +24,7 @@ from typing import Any
 from blockdraft.errors import UserError
 
 MANIFEST = "manifest.json"
+PAD_MULTIPLE = 64  # static cache: prompts padded to a multiple of this, so few shapes compile
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +66,7 @@ class HFEngine:
 
     With the static cache, generate compiles its decoding step into CUDA graphs, which pays only if
     the shapes repeat: every call gets the same batch size (a short batch is padded with copies of
-    its last prompt), prompts are padded to a multiple of 64 tokens, and the cache is sized once for
+    its last prompt), prompts are padded to a multiple of PAD_MULTIPLE tokens, and the cache is sized once for
     the longest prompt plus max_new_tokens. A small target is launch-bound, so this is the 10x."""
 
     def __init__(self, target: str, tokenizer: Any, device: str, seed: int, cache: str = "auto"):
@@ -109,14 +110,15 @@ class HFEngine:
         n = len(prompts)
         if self.static and n < batch_size:
             prompts = prompts + [prompts[-1]] * (batch_size - n)
+        pad = PAD_MULTIPLE if self.static else None
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False,
-                             truncation=True, max_length=prompt_tokens, pad_to_multiple_of=64 if self.static else None)
+                             truncation=True, max_length=prompt_tokens, pad_to_multiple_of=pad)
         enc = enc.to(self.device)
         sampling = (
             {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {"do_sample": False}
         )
-        cache = {"cache_implementation": "static", "max_cache_len": -(-prompt_tokens // 64) * 64 + max_new_tokens} \
-            if self.static else {}
+        longest = -(-prompt_tokens // PAD_MULTIPLE) * PAD_MULTIPLE
+        cache = {"cache_implementation": "static", "max_cache_len": longest + max_new_tokens} if self.static else {}
         config = GenerationConfig(
             max_new_tokens=max_new_tokens,
             pad_token_id=self.tokenizer.pad_token_id,

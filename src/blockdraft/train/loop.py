@@ -166,9 +166,7 @@ class Trainer:
         self.warmup_steps = min(self.warmup_steps, max(1, total_steps // 2))
 
     def _plan_time(self, log: RunLog, console: TrainConsole, update_s: float, elapsed_s: float) -> None:
-        """Compilation shown once it is paid; the schedule shortened to the time budget when needed."""
-        if self.budget.max_seconds is None and self.step != 1:
-            return
+        """Compilation shown once it is paid; the schedule fitted to the time budget when a look says so."""
         if self.step == 1 and self.device.type == "cuda":
             console.note(f"update 1 took {update_s:.0f} s (compiling the target and drafter; later updates reuse it)",
                          style="cyan")
