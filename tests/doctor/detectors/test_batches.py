@@ -78,9 +78,9 @@ def test_a_replanned_schedule_is_no_epoch_bookkeeping_error():
     recs = [{"kind": "run_start", "time": 0.0, "step": 0, "schema": 1, "total_steps": 3240, "warmup_steps": 130,
              "config": {"train": {"epochs": 1, "max_steps": None}}}]
     total = 904
-    for k in range(1, 400):
-        if k == 42:
-            recs.append({"kind": "warning", "time": float(k), "step": 41, "code": "schedule_planned",
+    for k in range(1, 330):
+        if k == 162:
+            recs.append({"kind": "warning", "time": float(k), "step": 161, "code": "schedule_planned",
                          "severity": "info", "message": "", "total_steps": 3240, "warmup_steps": 130})
             total = 3240
         recs.append({"kind": "step", "time": float(k), "step": k, "loss": 2.0, "lr": 1e-3, "epoch": 0,
