@@ -4,8 +4,8 @@
 #   -> blockdraft export -> blockdraft eval (batch 1 with DDTree budgets, batch 8) -> z-lab parity.
 # usage: bench/real_target.sh TARGET_DIR OUT_DIR [stage ...]   stages: prompts regen data train eval parity (default all)
 # Sizes come from the environment (defaults: the one-H200 run of docs/real-targets.md):
-#   CONFIG=configs/smollm2-135m.yaml REGEN_BATCH=384 REGEN_TOKENS=512 REGEN_SHARD=768
-#   REGEN_SECONDS=0 (0: no limit)
+#   CONFIG=configs/smollm2-135m.yaml PER_FUNCTION=2 REGEN_BATCH=512 REGEN_TOKENS=384 REGEN_SHARD=2048
+#   REGEN_PROMPT_TOKENS=768 REGEN_CHUNK=64 REGEN_SECONDS=0 (0: no limit)
 #   REGEN_CACHE=auto RUN_NAME=run-lLAYERS TRAIN_MINUTES=7 LAYERS=3 EVAL_PROMPTS=24 EVAL_TOKENS=192 BUDGETS=16,32,64 DEVICE=auto EXTRA="key=value ..."
 set -euo pipefail
 target=$1 out=$2; shift 2
@@ -18,12 +18,13 @@ mkdir -p "$out"
 for stage in $stages; do
   echo "== $stage $(date -u +%H:%M:%S)" >&2
   case $stage in
-    prompts) python3 "$here/scripts/make_stdlib_prompts.py" --out "$out/prompts" ;;
+    prompts) python3 "$here/scripts/make_stdlib_prompts.py" --out "$out/prompts" --per-function "${PER_FUNCTION:-2}" ;;
     regen)
       # a time limit ends the run cleanly: finished shards stay, a rerun continues
       limit=${REGEN_SECONDS:-0}
       cmd=(blockdraft regenerate --target "$target" --in "$out/prompts/train.jsonl" --out "$out/regenerated"
-           --batch-size "${REGEN_BATCH:-384}" --max-new-tokens "${REGEN_TOKENS:-512}" --shard-size "${REGEN_SHARD:-768}"
+           --batch-size "${REGEN_BATCH:-512}" --max-new-tokens "${REGEN_TOKENS:-384}" --shard-size "${REGEN_SHARD:-2048}"
+           --prompt-tokens "${REGEN_PROMPT_TOKENS:-768}" --chunk-tokens "${REGEN_CHUNK:-64}"
            --device "${DEVICE:-auto}" --cache "${REGEN_CACHE:-auto}")
       if [[ $limit != 0 ]]; then timeout -s TERM "$limit" "${cmd[@]}" || [[ $? == 124 || $? == 130 ]]; else "${cmd[@]}"; fi ;;
     data) blockdraft data --target "$target" --config "$config" "$out/regenerated" --json > "$out/data.json" ;;

@@ -1,8 +1,9 @@
 """Chat prompts for a real target, made from the Python standard library's functions (no download).
 
-Each documented function or method becomes one instruction, by one of four templates chosen by a
-hash of its qualified name: implement it from its signature and docstring, explain its code, write
-tests for it, or document an undocumented copy of it. Prompts are split BY FILE with the demo
+Each documented function or method becomes one instruction (or `--per-function K`, for training),
+from templates chosen by a hash of its qualified name: implement it from its signature and docstring,
+explain its code, write tests for it, document an undocumented copy, list its edge cases, simplify
+it, show example calls, or review it. Prompts are split BY FILE with the demo
 corpus's rule (`blockdraft.corpus.part_of`): `train.jsonl` from the files outside the held-out part,
 `heldout.jsonl` from the held-out files only, so a drafter is measured on code it never trained on.
 
@@ -25,6 +26,18 @@ from pathlib import Path
 from blockdraft.corpus import HELD_OUT_PERCENT, part_of, read_source, stdlib_dir, stdlib_files
 
 MAX_CODE_LINES = 40
+TEMPLATES = (
+    "Write a Python function `{signature}` (from the `{module}` module) that does the following: {summary}",
+    "Explain what this Python function from `{module}` does, step by step:\n\n```python\n{code}\n```",
+    "Write pytest unit tests for this function:\n\n```python\n{code}\n```",
+    "Add a clear docstring and type hints to this Python function:\n\n```python\n{bare}\n```",
+    "What edge cases and failure modes does this function from `{module}` have?\n\n```python\n{code}\n```",
+    "Rewrite this Python function to be simpler and easier to read, keeping its behaviour:\n\n"
+    "```python\n{code}\n```",
+    "Show three short examples of calling `{signature}` from `{module}` ({summary}), with the expected results.",
+    "Review this Python function as a senior engineer would: what would you change and why?\n\n"
+    "```python\n{code}\n```",
+)
 
 
 def _pick(name: str, n: int) -> int:
@@ -38,8 +51,9 @@ def _without_docstring(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     return ast.unparse(ast.fix_missing_locations(copy))
 
 
-def prompts_from_source(source: str, module: str) -> list[str]:
-    """One instruction per documented function of at most MAX_CODE_LINES lines."""
+def prompts_from_source(source: str, module: str, per_function: int = 1) -> list[str]:
+    """`per_function` instructions (distinct templates) per documented function of at most
+    MAX_CODE_LINES lines."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
@@ -57,22 +71,15 @@ def prompts_from_source(source: str, module: str) -> list[str]:
         summary = doc.strip().split("\n\n")[0].replace("\n", " ")
         signature = f"{node.name}({ast.unparse(node.args)})"
         qualified = f"{module}.{node.name}:{node.lineno}"
-        kind = _pick(qualified, 4)
-        if kind == 0:
-            out.append(f"Write a Python function `{signature}` (from the `{module}` module) that does the "
-                       f"following: {summary}")
-        elif kind == 1:
-            out.append(f"Explain what this Python function from `{module}` does, step by step:\n\n"
-                       f"```python\n{code}\n```")
-        elif kind == 2:
-            out.append(f"Write pytest unit tests for this function:\n\n```python\n{code}\n```")
-        else:
-            out.append(f"Add a clear docstring and type hints to this Python function:\n\n"
-                       f"```python\n{_without_docstring(node)}\n```")
+        first = _pick(qualified, len(TEMPLATES))
+        for k in range(per_function):
+            template = TEMPLATES[(first + k) % len(TEMPLATES)]
+            out.append(template.format(signature=signature, module=module, summary=summary, code=code,
+                                       bare=_without_docstring(node)))
     return out
 
 
-def build(split: str, limit: int, seed: int) -> list[str]:
+def build(split: str, limit: int, seed: int, per_function: int = 1) -> list[str]:
     root = stdlib_dir()
     prompts = []
     files = stdlib_files("heldout" if split == "heldout" else "train", root)
@@ -80,7 +87,7 @@ def build(split: str, limit: int, seed: int) -> list[str]:
         source = read_source(path)
         if source:
             module = path.relative_to(root).with_suffix("").as_posix().replace("/", ".")
-            prompts.extend(prompts_from_source(source, module))
+            prompts.extend(prompts_from_source(source, module, per_function))
     random.Random(seed).shuffle(prompts)
     return prompts[:limit]
 
@@ -91,18 +98,20 @@ def main() -> None:
     ap.add_argument("--max-train", type=int, default=20000)
     ap.add_argument("--max-heldout", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--per-function", type=int, default=1, metavar="K",
+                    help="training prompts per function, each from another template (held-out: always 1)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     counts = {}
     for split, limit in (("train", args.max_train), ("heldout", args.max_heldout)):
-        prompts = build(split, limit, args.seed)
+        prompts = build(split, limit, args.seed, args.per_function if split == "train" else 1)
         with (args.out / f"{split}.jsonl").open("w", encoding="utf-8") as fh:
             for text in prompts:
                 fh.write(json.dumps({"messages": [{"role": "user", "content": text}]}) + "\n")
         counts[split] = len(prompts)
     manifest = {"counts": counts, "python": sys.version.split()[0], "stdlib": str(stdlib_dir()),
                 "split": f"by file: sha256(path relative to the stdlib) % 100 < {HELD_OUT_PERCENT} is held out",
-                "seed": args.seed, "part_of": part_of.__module__ + ".part_of"}
+                "seed": args.seed, "per_function": args.per_function, "part_of": part_of.__module__ + ".part_of"}
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"{counts['train']} train and {counts['heldout']} held-out prompts in {args.out}")
 

@@ -164,6 +164,12 @@ def test_regenerate_writes_shards_and_resumes(tmp_path, tiny_target, capsys):
     assert cli.main([*argv[:-2], "--shard-size", "2"]) == 2
     assert "shard_size" in capsys.readouterr().err
 
+    # answers made 2 tokens per call, finished rows making room for queued ones, are the same answers
+    chunked = tmp_path / "chunked"
+    assert cli.main([*argv[:6], str(chunked), *argv[7:], "--chunk-tokens", "2"]) == 0
+    assert [json.loads(line) for p in sorted(chunked.glob("shard-*.jsonl")) for line in p.read_text().splitlines()] \
+        == rows
+
 
 def test_cli_modules_do_not_import_torch():
     """`blockdraft --help` and `blockdraft doctor` import these modules; torch must wait for `run`."""

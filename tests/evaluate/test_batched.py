@@ -5,10 +5,9 @@ the rows accept nothing, different amounts in the same round, or stop early at E
 import pytest
 import torch
 
-from blockdraft.evaluate.batched import attention_mask, speculative_greedy_batch, target_greedy_batch
 from blockdraft.evaluate.runner import evaluate
-from blockdraft.evaluate.sampling import target_sample
-from blockdraft.evaluate.speculative import speculative_greedy
+from blockdraft.evaluate.speculative import SpeculativeDecoder, TargetDecoder, speculative_greedy
+from tests.evaluate.reference import greedy_reference
 
 LENGTHS = (5, 9, 17, 3, 12)
 
@@ -28,6 +27,7 @@ class RowOracle(torch.nn.Module):
         super().__init__()
         self.real, self.w, self.e, self.seqs, self.wrong_at = real, lm_weight, embed_weight, sequences, wrong_at
         self.block_size, self.mask_token_id = real.block_size, real.mask_token_id
+        self.layers = real.layers  # the decoder sizes its context cache from them
 
     def fuse(self, taps):
         return self.real.fuse(taps)
@@ -36,7 +36,7 @@ class RowOracle(torch.nn.Module):
         rows = []
         for emb, pos in zip(block_embeds[:, 0], block_positions[:, 0].tolist(), strict=True):
             anchor = int((self.e == emb).all(-1).nonzero()[0])
-            seq = next(s for s in self.seqs if pos < len(s) and s[pos] == anchor)
+            seq = next((s for s in self.seqs if pos < len(s) and s[pos] == anchor), [])  # [] for a finished row
             wanted = [seq[p] if p < len(seq) else 0 for p in range(pos, pos + self.block_size)]
             if pos % 2:
                 wanted[self.wrong_at] = (wanted[self.wrong_at] + 1) % self.w.shape[0]
@@ -46,48 +46,60 @@ class RowOracle(torch.nn.Module):
 
 def _oracle(tiny_pair, prompts, max_new, wrong_at=2):
     target, drafter, _ = tiny_pair
-    refs = [target_sample(target, p, max_new, None, 0.0).tokens for p in prompts]
+    refs = [greedy_reference(target, p, max_new) for p in prompts]
     w = target.lm_head.weight
     assert (torch.argmax(w @ w.T, dim=1) == torch.arange(w.shape[0])).all()  # the oracle's premise
     seqs = [p + r for p, r in zip(prompts, refs, strict=True)]
     return RowOracle(drafter, w, target.embed_tokens.weight, seqs, wrong_at)
 
 
-def test_mask_sees_valid_slots_up_to_its_own():
-    valid = torch.tensor([[1, 0, 1, 1, 1], [1, 1, 1, 0, 1]], dtype=torch.bool)
-    mask = attention_mask(valid, 2)
-    assert mask.shape == (2, 1, 2, 5)
-    assert mask[0, 0].tolist() == [[1, 0, 1, 1, 0], [1, 0, 1, 1, 1]]
-    assert mask[1, 0].tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 0, 1]]
+def _batch(target, drafter, prompts, max_new, eos):
+    decoder = SpeculativeDecoder(target, drafter, len(prompts), max(map(len, prompts)), max_new)
+    return decoder.decode(prompts, max_new, eos)
+
+
+def test_one_decoder_serves_many_batches_and_a_short_last_one(tiny_pair, prompts):
+    """The state is allocated once: later and shorter batches (padded rows) decode as a fresh one."""
+    target, drafter, _ = tiny_pair
+    oracle = _oracle(tiny_pair, prompts, 16)
+    decoder = SpeculativeDecoder(target, oracle, 3, max(map(len, prompts)), 16)
+    first, second = decoder.decode(prompts[:3], 16, None), decoder.decode(prompts[3:], 16, None)
+    assert len(second) == 2
+    for p, gen in zip(prompts, first + second, strict=True):
+        assert gen.tokens == greedy_reference(target, p, 16)
+        assert gen.acceptance == speculative_greedy(target, oracle, p, 16, None).acceptance
+    baseline = TargetDecoder(target, 3, max(map(len, prompts)), 16)
+    outs = baseline.decode(prompts[:3], 16, None) + baseline.decode(prompts[3:], 16, None)
+    assert [g.tokens for g in outs] == [greedy_reference(target, p, 16) for p in prompts]
 
 
 def test_untrained_drafter_batch_equals_target_greedy(tiny_pair, prompts):
     target, drafter, _ = tiny_pair
-    gens = speculative_greedy_batch(target, drafter, prompts, 20, eos_id=None)
+    gens = _batch(target, drafter, prompts, 20, None)
     for p, gen in zip(prompts, gens, strict=True):
-        assert gen.tokens == target_sample(target, p, 20, None, 0.0).tokens
+        assert gen.tokens == greedy_reference(target, p, 20)
         assert gen.acceptance == speculative_greedy(target, drafter, p, 20, None).acceptance
 
 
 def test_ragged_acceptance_in_one_round_stays_lossless(tiny_pair, prompts):
     target, _, _ = tiny_pair
     oracle = _oracle(tiny_pair, prompts, 30)
-    gens = speculative_greedy_batch(target, oracle, prompts, 30, eos_id=None)
+    gens = _batch(target, oracle, prompts, 30, None)
     for p, gen in zip(prompts, gens, strict=True):
-        assert gen.tokens == target_sample(target, p, 30, None, 0.0).tokens
+        assert gen.tokens == greedy_reference(target, p, 30)
         assert gen.acceptance == speculative_greedy(target, oracle, p, 30, None).acceptance
     first_rounds = {g.acceptance[0] for g in gens}
     assert oracle.block_size in first_rounds and 2 in first_rounds  # full and partial in the same round
 
 
-def test_rows_stopping_at_eos_leave_the_batch(tiny_pair, prompts):
+def test_rows_stopping_at_eos_end_there(tiny_pair, prompts):
     target, _, _ = tiny_pair
     oracle = _oracle(tiny_pair, prompts, 24)
-    eos = target_sample(target, prompts[1], 24, None, 0.0).tokens[6]  # row 1 stops early; others may too
-    refs = [target_sample(target, p, 24, eos, 0.0).tokens for p in prompts]
+    eos = greedy_reference(target, prompts[1], 24)[6]  # row 1 stops early; others may too
+    refs = [greedy_reference(target, p, 24, eos) for p in prompts]
     assert len(refs[1]) <= 7 and max(map(len, refs)) == 24
-    assert [g.tokens for g in speculative_greedy_batch(target, oracle, prompts, 24, eos)] == refs
-    assert [g.tokens for g in target_greedy_batch(target, prompts, 24, eos)] == refs
+    assert [g.tokens for g in _batch(target, oracle, prompts, 24, eos)] == refs
+    assert [g.tokens for g in TargetDecoder(target, 5, 17, 24).decode(prompts, 24, eos)] == refs
 
 
 def test_runner_batches_give_the_batch_size_1_results(tiny_pair, prompts):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from blockdraft.evaluate.ddtree import build_tree, chain_tree, tree_decode, tree_mask
-from blockdraft.evaluate.sampling import target_sample
+from tests.evaluate.reference import greedy_reference
 
 
 def _brute_force(logp: torch.Tensor, k: int) -> set[tuple[int, ...]]:
@@ -44,18 +44,18 @@ def test_budget_larger_than_all_prefixes_gives_the_whole_tree():
     assert len(build_tree(logp, 100).tokens) == 2 + 4
 
 
-def test_mask_sees_past_and_exactly_the_ancestors():
+def test_mask_sees_exactly_the_ancestors():
     parents = [-1, -1, 0, 2, 1]  # root -> {0, 1}; 0 -> 2 -> 3; 1 -> 4
-    mask = tree_mask(parents, past=3)[0, 0]
-    assert mask.shape == (6, 9) and mask[:, :3].all()
+    mask = tree_mask(parents)
+    assert mask.shape == (6, 6)
     ancestors = {0: {0}, 1: {0, 1}, 2: {0, 2}, 3: {0, 1, 3}, 4: {0, 1, 3, 4}, 5: {0, 2, 5}}
     for row, seen in ancestors.items():
-        assert set(torch.nonzero(mask[row, 3:])[:, 0].tolist()) == seen, row
+        assert set(torch.nonzero(mask[row])[:, 0].tolist()) == seen, row
 
 
 def test_chain_tree_is_a_causal_mask():
     tree = chain_tree([5, 6, 7])
-    assert torch.equal(tree_mask(tree.parents, 0)[0, 0], torch.ones(4, 4, dtype=torch.bool).tril())
+    assert torch.equal(tree_mask(tree.parents), torch.ones(4, 4, dtype=torch.bool).tril())
 
 
 @pytest.mark.parametrize("budget", [None, 3, 24, "vocab"])
@@ -67,9 +67,9 @@ def test_tree_decoding_equals_target_greedy(tiny_pair, budget):
     g = torch.Generator().manual_seed(3)
     for n in (5, 11):
         prompt = torch.randint(2, 200, (n,), generator=g).tolist()
-        ref = target_sample(target, prompt, 20, eos_id=None, temperature=0.0)
+        ref = greedy_reference(target, prompt, 20)
         gen = tree_decode(target, drafter, prompt, 20, eos_id=None, budget=budget)
-        assert gen.tokens == ref.tokens
+        assert gen.tokens == ref
         assert all(1 <= a <= drafter.block_size for a in gen.acceptance)
         accepted += gen.acceptance
     if budget and budget > len(tokenizer):

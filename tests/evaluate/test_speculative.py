@@ -4,9 +4,9 @@ with an untrained drafter (everything rejected) and a trained one (multi-token a
 import pytest
 import torch
 
-from blockdraft.evaluate.sampling import target_sample
 from blockdraft.evaluate.speculative import speculative_greedy
 from blockdraft.train.loop import Trainer
+from tests.evaluate.reference import greedy_reference
 
 
 @pytest.fixture(scope="module")
@@ -18,9 +18,9 @@ def prompts():
 def test_untrained_drafter_output_equals_target_greedy(tiny_config, prompts):
     trainer = Trainer(tiny_config(train={"max_steps": 1}), show_console=False)
     for p in prompts:
-        ref = target_sample(trainer.target, p, 24, eos_id=None, temperature=0.0)
+        ref = greedy_reference(trainer.target, p, 24)
         spec = speculative_greedy(trainer.target, trainer.drafter, p, 24, eos_id=None)
-        assert spec.tokens == ref.tokens
+        assert spec.tokens == ref
         assert all(1 <= a <= trainer.drafter.block_size for a in spec.acceptance)
     trainer.prefetcher.close()
 
@@ -32,6 +32,7 @@ class OracleDrafter(torch.nn.Module):
     def __init__(self, real, lm_weight, sequence, wrong_at):
         super().__init__()
         self.real, self.w, self.seq, self.wrong_at = real, lm_weight, sequence, wrong_at
+        self.layers = real.layers  # the decoder sizes its context cache from them
         self.block_size, self.mask_token_id, self.rounds = real.block_size, real.mask_token_id, 0
 
     def fuse(self, taps):
@@ -52,10 +53,10 @@ def test_accepted_blocks_keep_decoding_lossless(tiny_config, prompts):
     target, w = trainer.target, trainer.target.lm_head.weight
     assert (torch.argmax(w @ w.T, dim=1) == torch.arange(w.shape[0])).all()  # the oracle's premise
     for p, wrong_at in zip(prompts, (1, 2, 3), strict=True):
-        ref = target_sample(target, p, 30, eos_id=None, temperature=0.0)
-        oracle = OracleDrafter(trainer.drafter, w, p + ref.tokens, wrong_at)
+        ref = greedy_reference(target, p, 30)
+        oracle = OracleDrafter(trainer.drafter, w, p + ref, wrong_at)
         spec = speculative_greedy(target, oracle, p, 30, eos_id=None)
-        assert spec.tokens == ref.tokens
+        assert spec.tokens == ref
         assert trainer.drafter.block_size in spec.acceptance  # all drafts accepted
         assert wrong_at in spec.acceptance  # stopped at the corrupted draft
     trainer.prefetcher.close()

@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from blockdraft.evaluate.static import DraftSlots
 from blockdraft.model.drafter import DFlashDrafter, drafter_config
 from blockdraft.model.masks import dense_mask
 from blockdraft.model.target import Target
@@ -92,15 +93,16 @@ def test_training_forward_equals_cached_decoding_forward(models):
     a = 13
     train = block_outputs(target, drafter, ids, torch.tensor([a]))[0]
     taps, _ = target.features(ids[:, :a])
-    cache = []
+    cache = DraftSlots(drafter, 1, a + 3, torch.device("cpu"))  # 3 slots never written: the mask hides them
+    sees = torch.cat([torch.arange(a + 3) < a, torch.ones(B, dtype=torch.bool)])[None, None, None]
     tokens = torch.full((1, B), 63)
     tokens[0, 0] = ids[0, a]
     with torch.no_grad():
         # context arrives in two pieces, as in decoding rounds
-        drafter(target.embed_tokens(tokens), torch.arange(a, a + B)[None], drafter.fuse(taps[:, :5]),
-                torch.arange(5)[None], None, cache)
-        infer = drafter(target.embed_tokens(tokens), torch.arange(a, a + B)[None], drafter.fuse(taps[:, 5:]),
-                        torch.arange(5, a)[None], None, cache)
+        for piece in (slice(0, 5), slice(5, a)):
+            cache.write_at = torch.arange(a)[piece]
+            infer = drafter(target.embed_tokens(tokens), torch.arange(a, a + B)[None], drafter.fuse(taps[:, piece]),
+                            torch.arange(a)[piece][None], sees, cache)
     torch.testing.assert_close(infer[0], train, atol=1e-5, rtol=1e-4)
 
 

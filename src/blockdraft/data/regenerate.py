@@ -25,6 +25,7 @@ from blockdraft.errors import UserError
 
 MANIFEST = "manifest.json"
 PAD_MULTIPLE = 64  # static cache: prompts padded to a multiple of this, so few shapes compile
+GROUP_BATCHES = 4  # conversations handed to the engine at once, in batches: progress comes per group
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longer prompts keep their last N tokens; sizes the static cache")
     parser.add_argument("--cache", choices=["auto", "static", "dynamic"], default="auto",
                         help="hf engine KV cache; auto: static (compiled, CUDA graphs) on a GPU, dynamic on CPU")
+    parser.add_argument("--chunk-tokens", type=int, default=64, metavar="N",
+                        help="answer tokens per generate call; after each, finished rows make room (0: one call)")
     parser.add_argument("--shard-size", type=int, default=1000, metavar="N", help="conversations per shard")
     parser.add_argument("--format", choices=["auto", "messages", "conversations", "text"], default="auto")
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
@@ -62,14 +65,19 @@ def _turns_to_write(messages: list[dict[str, str]]) -> list[int]:
 
 
 class HFEngine:
-    """Batched `generate` with left padding, on CPU or GPU.
+    """Batched `generate` with left padding, on CPU or GPU, keeping `batch_size` rows busy.
 
     With the static cache, generate compiles its decoding step into CUDA graphs, which pays only if
-    the shapes repeat: every call gets the same batch size (a short batch is padded with copies of
-    its last prompt), prompts are padded to a multiple of PAD_MULTIPLE tokens, and the cache is sized once for
-    the longest prompt plus max_new_tokens. A small target is launch-bound, so this is the 10x."""
+    the shapes repeat: every call gets the same batch size (a short batch is padded with copies of its
+    last row), prompts are padded to a multiple of PAD_MULTIPLE tokens, and the cache is sized once,
+    for the longest prompt of the run plus max_new_tokens. A small target is launch-bound, so this is
+    the 10x. Rows that finish early would idle until the longest answer of their batch ends (half the
+    work on chat data), so answers are generated `chunk_tokens` at a time: after each chunk finished
+    rows leave and queued prompts take their place, unfinished rows continuing from their prompt and
+    answer so far (the same greedy tokens; bf16 prefill and step kernels may break a near-tie apart)."""
 
-    def __init__(self, target: str, tokenizer: Any, device: str, seed: int, cache: str = "auto"):
+    def __init__(self, target: str, tokenizer: Any, device: str, seed: int, cache: str = "auto",
+                 chunk_tokens: int = 64):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -86,56 +94,72 @@ class HFEngine:
         self.device = device
         self.tokenizer = tokenizer
         self.seed = seed
-        tokenizer.padding_side = "left"
         tokenizer.truncation_side = "left"  # a long chat keeps its latest turns
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         eos = self.model.generation_config.eos_token_id
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
             eos.append(tokenizer.eos_token_id)
         self.eos = eos
         self.static = cache == "static" or (cache == "auto" and device == "cuda")
+        self.chunk_tokens = chunk_tokens
+        self.cache_len = 0  # --prompt-tokens (padded) + --max-new-tokens: one compiled shape per run
 
     def reseed(self, seed: int) -> None:
         self.torch.manual_seed(seed)
+
+    def _chunk(self, rows: list[list[int]], new_tokens: int, batch_size: int, sampling: dict) -> list[list[int]]:
+        """One generate call: `new_tokens` more tokens for each row (ids so far), left-padded."""
+        from transformers import GenerationConfig
+
+        torch, n = self.torch, len(rows)
+        if self.static:
+            rows = rows + [rows[-1]] * (batch_size - n)
+        width = max(map(len, rows))
+        if self.static:
+            width = -(-width // PAD_MULTIPLE) * PAD_MULTIPLE
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row) :] = torch.tensor(row)
+            mask[i, width - len(row) :] = 1
+        cache = {"cache_implementation": "static", "max_cache_len": self.cache_len} if self.static else {}
+        config = GenerationConfig(max_new_tokens=new_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos or None,
+                                  **sampling, **cache)
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                      generation_config=config)
+        return out[:n, width:].tolist()
 
     def generate(
         self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float,
         prompt_tokens: int, batch_size: int,
     ) -> list[tuple[str, bool, int]]:
         """(answer text, finished, answer tokens) per prompt; finished is False where max_new_tokens cut it."""
-        from transformers import GenerationConfig
-
-        n = len(prompts)
-        if self.static and n < batch_size:
-            prompts = prompts + [prompts[-1]] * (batch_size - n)
-        pad = PAD_MULTIPLE if self.static else None
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False,
-                             truncation=True, max_length=prompt_tokens, pad_to_multiple_of=pad)
-        enc = enc.to(self.device)
+        enc = self.tokenizer(prompts, add_special_tokens=False, truncation=True, max_length=prompt_tokens)["input_ids"]
+        self.cache_len = -(-prompt_tokens // PAD_MULTIPLE) * PAD_MULTIPLE + max_new_tokens
         sampling = (
             {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {"do_sample": False}
         )
-        longest = -(-prompt_tokens // PAD_MULTIPLE) * PAD_MULTIPLE
-        cache = {"cache_implementation": "static", "max_cache_len": longest + max_new_tokens} if self.static else {}
-        config = GenerationConfig(
-            max_new_tokens=max_new_tokens,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=self.eos or None,
-            **sampling,
-            **cache,
-        )
-        with self.torch.inference_mode():
-            out = self.model.generate(**enc, generation_config=config)
-        new = out[:n, enc["input_ids"].shape[1] :].tolist()
-        results = []
-        for ids in new:
-            stop = next((k for k, t in enumerate(ids) if t in self.eos), None)
-            finished = stop is not None
-            answer = ids[:stop] if finished else ids
-            results.append((self.tokenizer.decode(answer, skip_special_tokens=True), finished, len(answer)))
-        return results
+        chunk = min(self.chunk_tokens or max_new_tokens, max_new_tokens)
+        answers: list[list[int]] = [[] for _ in prompts]
+        finished = [False] * len(prompts)
+        queue, active = list(range(len(prompts))), []
+        while queue or active:
+            take = batch_size - len(active)
+            active, queue = active + queue[:take], queue[take:]
+            new = self._chunk([enc[i] + answers[i] for i in active], chunk, batch_size, sampling)
+            still = []
+            for i, ids in zip(active, new, strict=True):
+                stop = next((k for k, t in enumerate(ids) if t in self.eos), None)
+                room = max_new_tokens - len(answers[i])
+                finished[i] = stop is not None and stop <= room
+                answers[i] += ids[: min(room, len(ids) if stop is None else stop)]
+                if not finished[i] and len(answers[i]) < max_new_tokens:
+                    still.append(i)
+            active = still
+        return [(self.tokenizer.decode(a, skip_special_tokens=True), done, len(a))
+                for a, done in zip(answers, finished, strict=True)]
 
 
 class VLLMEngine:
@@ -309,6 +333,8 @@ def run(args: argparse.Namespace) -> int:
     ):
         if value < 1:
             raise UserError(f"{name} must be at least 1")
+    if args.chunk_tokens < 0:
+        raise UserError("--chunk-tokens must be >= 0 (0: the whole answer in one call)")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         raise UserError("--temperature must be >= 0 and --top-p in (0, 1]")
     paths = check_files(args.inputs)
@@ -350,13 +376,14 @@ def run(args: argparse.Namespace) -> int:
                     engine = (
                         VLLMEngine(args.target, tokenizer, args.seed)
                         if args.engine == "vllm"
-                        else HFEngine(args.target, tokenizer, args.device, args.seed, args.cache)
+                        else HFEngine(args.target, tokenizer, args.device, args.seed, args.cache, args.chunk_tokens)
                     )
                 engine.reseed(args.seed + k)  # a rerun of this shard samples the same way
                 order = sorted(range(len(shard)), key=lambda i: sum(len(m["content"]) for m in shard[i][1]))
                 rows: dict[int, dict[str, Any]] = {}
-                for b in range(0, len(order), args.batch_size):
-                    idx = order[b : b + args.batch_size]
+                group = GROUP_BATCHES * args.batch_size  # the engine refills its rows within a group
+                for b in range(0, len(order), group):
+                    idx = order[b : b + group]
                     results, tokens = regenerate_batch(engine, tokenizer, [shard[i][1] for i in idx], args)
                     for i, (chat, done) in zip(idx, results, strict=True):
                         rows[i] = {"messages": chat, "source": shard[i][0], "finished": done}

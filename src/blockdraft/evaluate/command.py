@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="decode eagerly on a GPU too (default: each decoding step replays a CUDA graph)")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
                    help="target weights (auto: bf16 on a GPU); float32 makes greedy outputs exactly comparable")
 
@@ -67,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     drafter.to(target.embed_tokens.weight.dtype)
     results, target_tps = evaluate(target, drafter, prompts, args.max_new_tokens, tokenizer.eos_token_id, budgets,
                                    args.temperature, args.seed, args.batch_size,
-                                   progress=None if args.quiet else _progress_printer())
+                                   progress=None if args.quiet else _progress_printer(),
+                                   cuda_graphs=args.cuda_graphs)
     path = results[0]
     summary = {
         "tau": path.tau,
@@ -82,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         "target_tokens_per_s": target_tps,
         "skipped_lines": skipped,
         "device": device.type,
+        "cuda_graphs": args.cuda_graphs and device.type == "cuda",
         "modes": [r.to_dict() for r in results],
     }
     if args.json:

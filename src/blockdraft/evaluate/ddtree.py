@@ -5,6 +5,8 @@ expected accepted length of a tree is the sum over its nodes of their prefix pro
 best tree under a node budget is the set of the `budget` most probable prefixes: found best-first with
 a max-heap over rank tuples. All nodes are verified in one target pass (ancestor-only mask, positions
 start + depth); the walk follows the target's tokens; only the accepted path's KV is kept.
+Sampled, the target draws its token at every node at once (one host sync): each draw is still one
+sample of the target's distribution at that node's prefix, and only the walked nodes' draws are used.
 Every emitted token is the target's own choice at its true prefix, so decoding stays lossless.
 A single path is the chain tree of the top-1 drafts, so one loop serves both modes.
 """
@@ -16,10 +18,10 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from blockdraft.evaluate.sampling import next_tokens
-from blockdraft.evaluate.speculative import Generation, _positions, _sync, draft_block
+from blockdraft.evaluate.speculative import Generation, Layout, sync
+from blockdraft.evaluate.static import Graphs
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.target import Target
 
@@ -67,26 +69,91 @@ def chain_tree(tokens: list[int]) -> DraftTree:
     return DraftTree(list(tokens), list(range(-1, n - 1)), list(range(1, n + 1)), [0.0] * n)
 
 
-def tree_mask(parents: list[int], past: int, device: torch.device | None = None) -> torch.Tensor:
-    """Bool [1, 1, K+1, past+K+1] over [past | root | nodes]: True where attention is allowed.
-    Every row sees all past tokens, the root, itself and its ancestors, nothing else."""
+def tree_mask(parents: list[int]) -> torch.Tensor:
+    """Bool [K+1, K+1] over [root | nodes]: True where a node may attend (itself and its ancestors).
+    Built on the CPU: K tiny row ops, one copy to the device."""
     k = len(parents)
-    own = torch.eye(k + 1, dtype=torch.bool)  # built on the CPU: K tiny row ops, one copy to the device
+    own = torch.eye(k + 1, dtype=torch.bool)
     for i, p in enumerate(parents):  # parents precede children: the parent's row is already complete
         own[i + 1] |= own[p + 1]
-    full = torch.ones(k + 1, past + k + 1, dtype=torch.bool)
-    full[:, past:] = own
-    return full[None, None].to(device)
+    return own
 
 
-def keep_path(cache: DynamicCache, past: int, keep: torch.Tensor) -> None:
-    """Drop every verified entry of the target's cache except those at `keep` (offsets after past)."""
-    for layer in cache.layers:
-        layer.keys = torch.cat([layer.keys[:, :, :past], layer.keys[:, :, past + keep]], dim=2)
-        layer.values = torch.cat([layer.values[:, :, :past], layer.values[:, :, past + keep]], dim=2)
+class TreeDecoder:
+    """Speculative decoding of one prompt verifying a DDTree of `budget` nodes (None: the single
+    top-1 path, as the sampled path runs). Slot s holds position s; the verified tree is written
+    after the committed tokens and only the accepted path is moved into place."""
+
+    def __init__(self, target: Target, drafter: DFlashDrafter, budget: int | None, max_prompt: int,
+                 max_new_tokens: int, cuda_graphs: bool = False) -> None:
+        self.target, self.drafter, self.budget = target, drafter, budget
+        block = drafter.block_size
+        nodes = budget if budget is not None else block - 1
+        self.layout = Layout(target, drafter, 1, max_prompt + max_new_tokens + nodes + 2 * block)
+        self.layout.valid.fill_(True)  # one row, no padding: slot < position limit is the whole mask
+        self.graphs = Graphs(target.embed_tokens.weight.device, enabled=cuda_graphs)
+        self.draft = self.layout.draft_step(target, drafter)
+
+    def _verify(self, ids: torch.Tensor, positions: torch.Tensor, write_at: torch.Tensor, own: torch.Tensor):
+        """[anchor | nodes] written at `write_at`, each seeing the committed slots and its ancestors."""
+        layout, target = self.layout, self.target
+        layout.cache.write_at = write_at
+        visible = (layout.slot_index < write_at[0]).expand(own.shape[0], -1).clone()  # [K+1, S]
+        visible.index_copy_(1, write_at, own)
+        mask = target.layer_masks(visible[None, None], positions, layout.slot_index[None])
+        return target.step(ids, positions, layout.cache, mask)
+
+    @torch.no_grad()
+    def decode(self, prompt: list[int], max_new_tokens: int, eos_id: int | None, temperature: float = 0.0,
+               generator: torch.Generator | None = None) -> Generation:
+        """temperature 0: greedy; > 0: accept while the draft equals the target's sampled token."""
+        target, drafter, layout = self.target, self.drafter, self.layout
+        device = target.embed_tokens.weight.device
+        block, lm_head = drafter.block_size, target.lm_head
+        offsets = torch.arange(block, device=device)
+        sync(device)
+        t0 = time.perf_counter()
+
+        logits, taps, ctx_pos, _ = layout.prefill(target, [prompt], tap=True)
+        layout.valid.fill_(True)
+        anchor = int(next_tokens(logits, temperature, generator)[0])
+        out, acceptance = [anchor], []
+        ctx_at, first = layout.slot_index[: len(prompt)], True
+        start = len(prompt)  # position (and slot) of the anchor
+        while len(out) < max_new_tokens and anchor != eos_id:
+            block_ids = torch.full((1, block), drafter.mask_token_id, device=device)
+            block_ids[0, 0] = anchor
+            inputs = dict(block_ids=block_ids, block_pos=(offsets + start)[None], taps=taps, ctx_pos=ctx_pos,
+                          ctx_at=ctx_at, ctx_limit=layout.slot_index[start : start + 1])
+            hidden = self.draft(**inputs) if first else self.graphs("draft", self.draft, **inputs)
+            draft_logits = lm_head(hidden[0, 1:].to(lm_head.weight.dtype)).float()  # [B-1, V]
+            if self.budget is None:
+                tree = chain_tree(draft_logits.argmax(-1).tolist())
+            else:
+                tree = build_tree(draft_logits.log_softmax(-1), self.budget)
+            ids = torch.tensor([[anchor, *tree.tokens]], device=device)
+            positions = torch.tensor([[start] + [start + d for d in tree.depths]], device=device)
+            write_at = layout.slot_index[start : start + len(tree.tokens) + 1]
+            own = tree_mask(tree.parents).to(device)
+            logits, taps = self.graphs("tree", self._verify, ids=ids, positions=positions, write_at=write_at, own=own)
+            choices = next_tokens(logits[0], temperature, generator).tolist()  # the target's token at every node
+            path, emitted = _walk(tree, choices)
+            keep = [0] + [node + 1 for node in path]  # offsets of the anchor and the accepted nodes
+            src = torch.tensor(keep + [keep[-1]] * (block - len(keep)), device=device)
+            ctx_at = offsets + start
+            layout.cache.move(src + start, ctx_at)
+            taps, ctx_pos, first = taps[:, src], ctx_at[None], False
+            out.extend(emitted)
+            acceptance.append(len(emitted))
+            start += len(emitted)
+            anchor = emitted[-1]
+            if eos_id is not None and eos_id in emitted:
+                out = out[: len(out) - len(emitted) + emitted.index(eos_id) + 1]
+                break
+        sync(device)
+        return Generation(out[:max_new_tokens], acceptance, time.perf_counter() - t0)
 
 
-@torch.no_grad()
 def tree_decode(
     target: Target,
     drafter: DFlashDrafter,
@@ -97,67 +164,21 @@ def tree_decode(
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
 ) -> Generation:
-    """Speculative decoding verifying a DDTree of `budget` nodes (None: the single top-1 path).
-    temperature 0: greedy; > 0: accept while the draft equals the target's sampled token."""
-    device = target.embed_tokens.weight.device
-    lm_head = target.lm_head
-    _sync(device)
-    t0 = time.perf_counter()
-
-    cache = DynamicCache()
-    logits, taps = target.step(torch.tensor([prompt], device=device), _positions(0, len(prompt), device), cache)
-    anchor = int(next_tokens(logits[0, -1:], temperature, generator)[0])
-    out, acceptance = [anchor], []
-    new_ctx, new_ctx_start = taps, 0
-    draft_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
-    start = len(prompt)
-    while len(out) < max_new_tokens and anchor != eos_id:
-        _, hidden = draft_block(drafter, target.embed_tokens, anchor, start, new_ctx, new_ctx_start, draft_cache)
-        draft_logits = lm_head(hidden[0, 1:].to(lm_head.weight.dtype)).float()  # [B-1, V]
-        if budget is None:
-            tree = chain_tree(draft_logits.argmax(-1).tolist())
-        else:
-            tree = build_tree(draft_logits.log_softmax(-1), budget)
-        ids = torch.tensor([[anchor, *tree.tokens]], device=device)
-        positions = torch.tensor([[start] + [start + d for d in tree.depths]], device=device)
-        slots = torch.cat([torch.arange(start, device=device), positions[0]])[None]  # absolute position of each
-        mask = target.layer_masks(tree_mask(tree.parents, start, device), positions, slots)
-        logits, taps = _verify(target, ids, positions, mask, cache)
-        path, emitted = _walk(tree, logits[0], temperature, generator)
-        keep = torch.tensor([0] + [n + 1 for n in path], device=device)
-        keep_path(cache, start, keep)
-        out.extend(emitted)
-        acceptance.append(len(emitted))
-        new_ctx, new_ctx_start = taps[:, keep], start
-        start += len(emitted)
-        anchor = emitted[-1]
-        if eos_id is not None and eos_id in emitted:
-            out = out[: len(out) - len(emitted) + emitted.index(eos_id) + 1]
-            break
-    _sync(device)
-    return Generation(out[:max_new_tokens], acceptance, time.perf_counter() - t0)
+    """One prompt, eagerly (tests): see TreeDecoder."""
+    decoder = TreeDecoder(target, drafter, budget, len(prompt), max_new_tokens)
+    return decoder.decode(prompt, max_new_tokens, eos_id, temperature, generator)
 
 
-def _verify(target: Target, ids, positions, mask, cache) -> tuple[torch.Tensor, torch.Tensor]:
-    """One target pass over [anchor | tree nodes] with the tree mask (HF takes a 4D mask as is)."""
-    with target._tapping(stop_early=False) as captured:
-        out = target.model(
-            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True
-        )
-    return out.logits, torch.cat(captured, dim=-1)
-
-
-def _walk(
-    tree: DraftTree, logits: torch.Tensor, temperature: float, generator: torch.Generator | None
-) -> tuple[list[int], list[int]]:
-    """From the root, follow the child whose token is the target's choice at the current node.
-    Returns the accepted node indices and the emitted tokens (accepted drafts + the bonus)."""
+def _walk(tree: DraftTree, choices: list[int]) -> tuple[list[int], list[int]]:
+    """From the root, follow the child whose token is the target's choice at the current node
+    (`choices[k]`: its token after node k-1, the root first). Returns the accepted node indices and
+    the emitted tokens (accepted drafts + the bonus)."""
     children: dict[int, dict[int, int]] = {}
     for i, (tok, p) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
         children.setdefault(p, {})[tok] = i
     node, path, emitted = -1, [], []
     while True:
-        tok = int(next_tokens(logits[node + 1 : node + 2], temperature, generator)[0])
+        tok = choices[node + 1]
         emitted.append(tok)
         nxt = children.get(node, {}).get(tok)
         if nxt is None:

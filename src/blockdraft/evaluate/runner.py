@@ -1,8 +1,8 @@
 """One evaluation sweep: every prompt decoded by each mode (single path, tree budgets) and once by
 the target alone, so tau, acceptance per position, tokens/s and speedup come from the same prompts.
 With batch_size > 1 the greedy single path and its target-only baseline decode that many prompts at
-once (evaluate/batched.py), so the speedup compares like with like; tree and sampled modes stay
-one prompt at a time."""
+once, so the speedup compares like with like; tree and sampled modes stay one prompt at a time.
+On a GPU every decoder replays CUDA graphs of its steps (evaluate/static.py), the baseline too."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from blockdraft.evaluate.batched import speculative_greedy_batch, target_greedy_batch
-from blockdraft.evaluate.ddtree import tree_decode
-from blockdraft.evaluate.sampling import target_sample
-from blockdraft.evaluate.speculative import Generation, speculative_greedy
+from blockdraft.evaluate.ddtree import TreeDecoder
+from blockdraft.evaluate.speculative import Generation, SpeculativeDecoder, TargetDecoder
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.target import Target
 
@@ -79,44 +77,48 @@ def evaluate(
     seed: int = 0,
     batch_size: int = 1,
     progress: Callable[[str, bool], None] | None = None,
+    cuda_graphs: bool = True,
 ) -> tuple[list[ModeResult], float]:
     """Results for the single path then each budget, and target-only tokens/s (batched as the path).
-    `progress` gets (line, last of its mode) after the baseline and each prompt (or batch) of every mode."""
+    `progress` gets (line, last of its mode) after the baseline and each prompt (or batch) of every mode.
+    With CUDA graphs each decoder first runs once untimed on the first prompts: capture is not measured."""
     drafter.eval()
     device = target.embed_tokens.weight.device
     greedy = temperature <= 0
-    batched = greedy and batch_size > 1
-    chunks = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+    batch = batch_size if greedy else 1  # sampled decoding runs one prompt at a time
+    chunks = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+    longest = max(len(p) for p in prompts)
+    graphs = cuda_graphs and device.type == "cuda"
     gen = torch.Generator(device=device).manual_seed(seed)
-
-    def one_at_a_time() -> list[Generation]:
-        return [target_sample(target, p, max_new_tokens, eos_id, temperature, gen) for p in prompts]
-
-    if batched:  # the path's baseline is batched like it; trees, decoded one at a time, keep their own
-        refs = [g for chunk in chunks for g in target_greedy_batch(target, chunk, max_new_tokens, eos_id)]
-        tree_refs = one_at_a_time() if budgets else refs
-    else:
-        refs = tree_refs = one_at_a_time()
     report = progress or (lambda _line, _final: None)
-    report(f"target-only: {len(refs)} prompts, {sum(len(r.tokens) for r in refs)} tokens in "
-           f"{sum(r.seconds for r in refs):.1f} s", True)
+
+    def sweep(name: str, decode: Callable[[list[list[int]]], list[Generation]], parts=chunks) -> list[Generation]:
+        if graphs:
+            decode(parts[0])  # warm-up: captures the graphs, fills the allocator
+        gens: list[Generation] = []
+        for chunk in parts:
+            gens += decode(chunk)
+            done = [g for g in gens if g.acceptance]
+            tau = f", tau so far {sum(g.tau for g in done) / len(done):.2f}" if done else ""
+            report(f"{name}: {len(gens)}/{len(prompts)} prompts{tau}, {sum(g.seconds for g in gens):.1f} s",
+                   len(gens) == len(prompts))
+        return gens
+
+    baseline = TargetDecoder(target, batch, longest, max_new_tokens, graphs)
+    refs = sweep("target-only", lambda c: baseline.decode(c, max_new_tokens, eos_id, temperature, gen))
+    singles, tree_refs = [[p] for p in prompts], refs
+    if budgets and batch > 1:  # trees decode one prompt at a time: their baseline does too
+        single = TargetDecoder(target, 1, longest, max_new_tokens, graphs)
+        tree_refs = sweep("target-only, one at a time", lambda c: single.decode(c, max_new_tokens, eos_id), singles)
     results = []
     for budget in [None, *budgets]:
-        name = "path" if budget is None else f"tree {budget}"
-        if batched and budget is None:
-            decode = [lambda c=c: speculative_greedy_batch(target, drafter, c, max_new_tokens, eos_id) for c in chunks]
-        elif greedy and budget is None:  # the crop-based path decoder: cheaper than a chain tree
-            decode = [lambda p=p: [speculative_greedy(target, drafter, p, max_new_tokens, eos_id)] for p in prompts]
+        if greedy and budget is None:
+            path = SpeculativeDecoder(target, drafter, batch, longest, max_new_tokens, graphs)
+            gens = sweep("path", lambda c, d=path: d.decode(c, max_new_tokens, eos_id))
         else:
-            decode = [lambda p=p, b=budget: [tree_decode(target, drafter, p, max_new_tokens, eos_id, b,
-                                                          temperature, gen)] for p in prompts]
-        gens: list[Generation] = []
-        for part in decode:
-            gens += part()
-            done = [g for g in gens if g.acceptance]
-            report(f"{name}: {len(gens)}/{len(prompts)} prompts, tau so far "
-                   f"{sum(g.tau for g in done) / max(1, len(done)):.2f}, {sum(g.seconds for g in gens):.1f} s",
-                   len(gens) == len(prompts))
+            tree = TreeDecoder(target, drafter, budget, longest, max_new_tokens, graphs)
+            gens = sweep("path" if budget is None else f"tree {budget}",
+                         lambda c, d=tree: [d.decode(c[0], max_new_tokens, eos_id, temperature, gen)], singles)
         results.append(summarize(gens, refs if budget is None else tree_refs, drafter.block_size, budget, greedy))
     ref_tokens, ref_seconds = sum(len(r.tokens) for r in refs), sum(r.seconds for r in refs)
     return results, ref_tokens / ref_seconds if ref_seconds else 0.0

@@ -1,11 +1,21 @@
-"""Greedy speculative decoding with a DFlash drafter: the measured acceptance length (tau).
+"""Greedy speculative decoding with a DFlash drafter, several prompts at once (one prompt is the
+single path), and the target-only baseline decoded alike: the measured acceptance length (tau).
 
 One round: the drafter sees the context features of every committed token (its own K/V cache of
-them) and drafts B-1 tokens after the anchor (the last committed token) in one pass; the target
-verifies [anchor, drafts] in one pass with its KV cache; the longest prefix of drafts equal to the
-target's argmax is accepted, plus the target's next token as the bonus. tau = accepted + 1.
-Every emitted token is a target argmax, so the output equals target-only greedy decoding.
-Sweeps over prompts and modes (and the target-only baseline) live in `evaluate/runner.py`.
+them) and drafts B-1 tokens after each row's anchor (its last committed token) in one pass; the
+target verifies [anchor, drafts] in one pass with its KV cache; the longest prefix of drafts equal to
+the target's argmax is accepted, plus the target's next token as the bonus. tau = accepted + 1.
+Every emitted token is a target argmax at the row's true prefix, so the output equals target-only
+greedy decoding.
+
+Rows share one slot layout (evaluate/static.py): each round writes the same B slots for every row,
+a row's rejected slots are marked invalid in `valid` and hidden from all later attention, and the
+slots no row accepted are written again next round. Positions are per row, so a row's logits are
+those of its own unpadded sequence. Why: the caches stay fixed-shape tensors (each step one CUDA
+graph), rows never exchange or recompute tokens, and the bookkeeping is one bool tensor; the cost is
+attention over masked slots. A row that finishes (EOS or max_new_tokens) stays in the batch, frozen,
+so no shape changes; a short last batch is padded with copies of its last prompt.
+Sweeps over prompts and modes live in `evaluate/runner.py`.
 """
 
 from __future__ import annotations
@@ -14,8 +24,9 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
+from blockdraft.evaluate.sampling import next_tokens
+from blockdraft.evaluate.static import DraftSlots, Graphs, SlotCache
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.target import Target
 
@@ -31,78 +42,193 @@ class Generation:
         return sum(self.acceptance) / len(self.acceptance) if self.acceptance else 0.0
 
 
-def _positions(start: int, length: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(start, start + length, device=device)[None, :]
-
-
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def draft_block(
-    drafter: DFlashDrafter,
-    embed: torch.nn.Module,
-    anchor: int,
-    start: int,
-    new_ctx: torch.Tensor,
-    new_ctx_start: int,
-    draft_cache: list[tuple[torch.Tensor, torch.Tensor]],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One drafting pass: [anchor, MASK...] at positions start.. -> (block ids [1, B], hidden [1, B, H]).
-    new_ctx: [1, C, N*H] taps of the tokens committed since the last pass, which extend `draft_cache`."""
-    device, dtype = new_ctx.device, next(drafter.parameters()).dtype
-    block_ids = torch.full((1, drafter.block_size), drafter.mask_token_id, device=device)
-    block_ids[0, 0] = anchor
-    hidden = drafter(
-        embed(block_ids).to(dtype),
-        _positions(start, drafter.block_size, device),
-        drafter.fuse(new_ctx.to(dtype)),
-        _positions(new_ctx_start, new_ctx.shape[1], device),
-        mask=None,
-        cache=draft_cache,
-    )
-    return block_ids, hidden
+class Layout:
+    """Rows decoded together: the target's (and the drafter's) caches in one slot layout, which
+    slots hold each row's tokens (`valid` [n, S]) and at which position (`slot_pos` [n, S])."""
+
+    def __init__(self, target: Target, drafter: DFlashDrafter | None, n: int, slots: int) -> None:
+        device = target.embed_tokens.weight.device
+        self.n, self.slots = n, slots
+        self.cache = SlotCache(target.config, n, slots, target.embed_tokens.weight.dtype, device)
+        self.draft = DraftSlots(drafter, n, slots, device) if drafter is not None else None
+        self.valid = torch.zeros(n, slots, dtype=torch.bool, device=device)
+        self.slot_pos = torch.zeros(n, slots, dtype=torch.long, device=device)
+        self.slot_index = torch.arange(slots, device=device)
+        self.length = 0  # slots in use: the next write starts here
+
+    def target_step(self, target: Target, tap: bool):
+        """The target's pass over queries written at slots `write_at` [q] (ids, positions: [n, q]):
+        each query sees the valid slots up to its own. Returns logits [n, q, V] and taps."""
+
+        def step(ids: torch.Tensor, positions: torch.Tensor, write_at: torch.Tensor):
+            self.cache.write_at = write_at
+            self.valid.index_fill_(1, write_at, True)
+            self.slot_pos.index_copy_(1, write_at, positions)
+            visible = self.valid[:, None, None, :] & (self.slot_index <= write_at[:, None])  # [n, 1, q, S]
+            return target.step(ids, positions, self.cache, target.layer_masks(visible, positions, self.slot_pos), tap)
+
+        return step
+
+    def draft_step(self, target: Target, drafter: DFlashDrafter):
+        """The drafter's pass over blocks [n, B] at `block_pos`, after storing the new context
+        features `taps` [n, C, N*H] (positions `ctx_pos` [n, C]) at slots `ctx_at` [C]; it sees the
+        valid context slots below `ctx_limit` [1]. Returns hidden states [n, B, H]."""
+        embed, dtype = target.embed_tokens, next(drafter.parameters()).dtype
+
+        def step(block_ids, block_pos, taps, ctx_pos, ctx_at, ctx_limit):
+            self.draft.write_at = ctx_at
+            sees = self.valid & (self.slot_index < ctx_limit)  # [n, S]: the row's committed tokens
+            sees = torch.cat([sees, sees.new_ones(block_ids.shape)], dim=1)[:, None, None, :]
+            return drafter(embed(block_ids).to(dtype), block_pos, drafter.fuse(taps.to(dtype)), ctx_pos,
+                           mask=sees, cache=self.draft)
+
+        return step
+
+    def prefill(self, target: Target, prompts: list[list[int]], tap: bool):
+        """The prompts right-padded (token 0, never seen) in one eager pass. Returns each row's
+        last-token logits [n, V], the taps [n, P, N*H], their positions [n, P] and the lengths [n]."""
+        device = self.valid.device
+        self.valid.zero_()
+        lengths = torch.tensor([len(p) for p in prompts], device=device)
+        width = int(max(len(p) for p in prompts))
+        ids = torch.zeros((self.n, width), dtype=torch.long, device=device)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = torch.tensor(p, device=device)
+        positions = torch.arange(width, device=device).expand(self.n, width)
+        logits, taps = self.target_step(target, tap)(ids, positions, self.slot_index[:width])
+        self.valid[:, :width] = positions < lengths[:, None]
+        self.length = width
+        return logits[torch.arange(self.n, device=device), lengths - 1], taps, positions, lengths
 
 
-@torch.no_grad()
+def _padded(prompts: list[list[int]], n: int) -> list[list[int]]:
+    return prompts + [prompts[-1]] * (n - len(prompts))
+
+
+def _done(out: list[int], max_new_tokens: int, eos_id: int | None) -> bool:
+    return len(out) >= max_new_tokens or (eos_id is not None and eos_id in out)
+
+
+def _trim(out: list[int], max_new_tokens: int, eos_id: int | None) -> list[int]:
+    if eos_id is not None and eos_id in out:
+        out = out[: out.index(eos_id) + 1]
+    return out[:max_new_tokens]
+
+
+class SpeculativeDecoder:
+    """Greedy speculative decoding of up to `n` prompts at once, its state allocated once (and its
+    steps captured once) for prompts of up to `max_prompt` tokens and `max_new_tokens` each."""
+
+    def __init__(self, target: Target, drafter: DFlashDrafter, n: int, max_prompt: int, max_new_tokens: int,
+                 cuda_graphs: bool = False) -> None:
+        self.target, self.drafter, self.n = target, drafter, n
+        block = drafter.block_size
+        # a lone row advances its slots by what it accepts; in a batch a round may keep B slots
+        slots = max_prompt + (max_new_tokens + 1) * (block if n > 1 else 1) + 2 * block
+        self.layout = Layout(target, drafter, n, slots)
+        self.graphs = Graphs(target.embed_tokens.weight.device, enabled=cuda_graphs)
+        self.verify = self.layout.target_step(target, tap=True)
+        self.draft = self.layout.draft_step(target, drafter)
+
+    @torch.no_grad()
+    def decode(self, prompts: list[list[int]], max_new_tokens: int, eos_id: int | None) -> list[Generation]:
+        """One Generation per prompt, each given an equal share of the batch's wall time."""
+        target, drafter, layout, n = self.target, self.drafter, self.layout, self.n
+        device = target.embed_tokens.weight.device
+        block, lm_head = drafter.block_size, target.lm_head
+        offsets = torch.arange(block, device=device)
+        masks = torch.full((n, block - 1), drafter.mask_token_id, device=device)
+        real = len(prompts)
+        sync(device)
+        t0 = time.perf_counter()
+
+        logits, taps, ctx_pos, start = layout.prefill(target, _padded(prompts, n), tap=True)
+        anchors = logits.argmax(-1)  # [n]
+        out = [[tok] for tok in anchors.tolist()]
+        acceptance: list[list[int]] = [[] for _ in range(n)]
+        alive = [r < real and not _done(out[r], max_new_tokens, eos_id) for r in range(n)]
+        moving = torch.tensor(alive, device=device)
+        ctx_at, first = layout.slot_index[: layout.length], True
+        while any(alive):
+            block_ids = torch.cat([anchors[:, None], masks], dim=1)  # [n, B]
+            block_pos = start[:, None] + offsets
+            inputs = dict(block_ids=block_ids, block_pos=block_pos, taps=taps, ctx_pos=ctx_pos, ctx_at=ctx_at,
+                          ctx_limit=layout.slot_index[layout.length : layout.length + 1])
+            # the prompt's context (any length) runs eagerly; every later round has one shape
+            hidden = self.draft(**inputs) if first else self.graphs("draft", self.draft, **inputs)
+            draft = lm_head(hidden[:, 1:].to(lm_head.weight.dtype)).argmax(-1)  # [n, B-1]
+            block_ids = torch.cat([anchors[:, None], draft], dim=1)
+            write_at = offsets + layout.length
+            logits, taps = self.graphs("verify", self.verify, ids=block_ids, positions=block_pos, write_at=write_at)
+            verified = logits.argmax(-1)  # [n, B]: the target's token after each prefix of the block
+            accepted_t = (draft == verified[:, :-1]).to(torch.int64).cumprod(1).sum(1)  # [n]
+            layout.valid[:, layout.length : layout.length + block] = offsets <= accepted_t[:, None]
+            host = torch.cat([accepted_t, draft.flatten(), verified.flatten()]).tolist()  # the round's one sync
+            accepted, drafts, targets = host[:n], host[n : n * block], host[n * block :]
+            for r in (r for r in range(n) if alive[r]):
+                a = accepted[r]
+                out[r] += drafts[r * (block - 1) : r * (block - 1) + a] + [targets[r * block + a]]
+                acceptance[r].append(a + 1)
+            kept = max(a for a, live in zip(accepted, alive, strict=True) if live) + 1
+            ctx_pos, ctx_at, first = block_pos, write_at, False
+            layout.length += kept
+            anchors = verified.gather(1, accepted_t[:, None])[:, 0]
+            start = start + (accepted_t + 1) * moving
+            now = [live and not _done(out[r], max_new_tokens, eos_id) for r, live in enumerate(alive)]
+            if now != alive:
+                alive, moving = now, torch.tensor(now, device=device)
+        sync(device)
+        share = (time.perf_counter() - t0) / real
+        return [Generation(_trim(out[r], max_new_tokens, eos_id), acceptance[r], share) for r in range(real)]
+
+
+class TargetDecoder:
+    """Target-only decoding of up to `n` prompts at once (greedy or sampled): the baseline, its steps
+    captured as the speculative ones are, so a speedup compares like with like."""
+
+    def __init__(self, target: Target, n: int, max_prompt: int, max_new_tokens: int,
+                 cuda_graphs: bool = False) -> None:
+        self.target, self.n = target, n
+        self.layout = Layout(target, None, n, max_prompt + max_new_tokens + 1)
+        self.graphs = Graphs(target.embed_tokens.weight.device, enabled=cuda_graphs)
+        self.step = self.layout.target_step(target, tap=False)
+
+    @torch.no_grad()
+    def decode(self, prompts: list[list[int]], max_new_tokens: int, eos_id: int | None, temperature: float = 0.0,
+               generator: torch.Generator | None = None) -> list[Generation]:
+        layout, n, real = self.layout, self.n, len(prompts)
+        device = self.target.embed_tokens.weight.device
+        sync(device)
+        t0 = time.perf_counter()
+        logits, _, _, pos = layout.prefill(self.target, _padded(prompts, n), tap=False)
+        tokens = next_tokens(logits, temperature, generator)  # [n]
+        out: list[list[int]] = [[] for _ in range(n)]
+        alive = [r < real for r in range(n)]
+        while True:
+            for r, tok in enumerate(tokens.tolist()):
+                if alive[r]:
+                    out[r].append(tok)
+                    alive[r] = not _done(out[r], max_new_tokens, eos_id)
+            if not any(alive):
+                break
+            write_at = layout.slot_index[layout.length : layout.length + 1]
+            logits, _ = self.graphs("target", self.step, ids=tokens[:, None], positions=pos[:, None], write_at=write_at)
+            tokens = next_tokens(logits[:, -1], temperature, generator)
+            layout.length += 1
+            pos = pos + 1
+        sync(device)
+        share = (time.perf_counter() - t0) / real
+        return [Generation(_trim(out[r], max_new_tokens, eos_id), seconds=share) for r in range(real)]
+
+
 def speculative_greedy(
     target: Target, drafter: DFlashDrafter, prompt: list[int], max_new_tokens: int, eos_id: int | None
 ) -> Generation:
-    device = target.embed_tokens.weight.device
-    block = drafter.block_size
-    lm_head = target.lm_head
-    _sync(device)
-    t0 = time.perf_counter()
-
-    cache = DynamicCache()
-    logits, taps = target.step(torch.tensor([prompt], device=device), _positions(0, len(prompt), device), cache)
-    anchor = int(logits[0, -1].argmax())
-    out, acceptance = [anchor], []
-    new_ctx, new_ctx_start = taps, 0  # context features not yet in the drafter's cache
-    draft_cache: list[tuple[torch.Tensor, torch.Tensor]] = []
-    start = len(prompt)  # absolute position of the anchor
-    while len(out) < max_new_tokens and anchor != eos_id:
-        block_ids, hidden = draft_block(drafter, target.embed_tokens, anchor, start, new_ctx, new_ctx_start,
-                                        draft_cache)
-        draft = lm_head(hidden[0, 1:].to(lm_head.weight.dtype)).argmax(-1)  # [B-1]
-        block_ids[0, 1:] = draft
-        logits, taps = target.step(block_ids, _positions(start, block, device), cache)
-        verified = logits[0].argmax(-1)  # [B]: target's token after each prefix of the block
-        accepted_t = (draft == verified[:-1]).to(torch.int64).cumprod(0).sum()
-        round_ = torch.cat([accepted_t[None], draft, verified]).tolist()  # the round's one host sync
-        accepted = round_[0]
-        emitted = round_[1 : 1 + accepted] + [round_[block + accepted]]
-        out.extend(emitted)
-        acceptance.append(accepted + 1)
-        rejected = block - accepted - 1
-        if rejected:
-            cache.crop(-rejected)  # keep the anchor and the accepted drafts
-        new_ctx, new_ctx_start = taps[:, : accepted + 1], start
-        start += accepted + 1
-        anchor = emitted[-1]
-        if eos_id is not None and eos_id in emitted:
-            out = out[: len(out) - len(emitted) + emitted.index(eos_id) + 1]
-            break
-    _sync(device)
-    return Generation(out[:max_new_tokens], acceptance, time.perf_counter() - t0)
+    """One prompt, eagerly: the single path as tests and the parity bench call it."""
+    decoder = SpeculativeDecoder(target, drafter, 1, len(prompt), max_new_tokens)
+    return decoder.decode([prompt], max_new_tokens, eos_id)[0]

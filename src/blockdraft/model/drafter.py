@@ -149,12 +149,13 @@ class DFlashDrafter(nn.Module):
         ctx: torch.Tensor,
         ctx_positions: torch.Tensor,
         mask: torch.Tensor | object | None = None,
-        cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        cache: object | None = None,
     ) -> torch.Tensor:
         """block_embeds: [n, Q, H] embeddings of the block tokens (anchor, then mask tokens);
         block_positions: [n, Q]; ctx: [n, T, H] fused context features; ctx_positions: [n, T].
         Training passes all context and a mask. Decoding passes only the NEW context features and
-        a per-layer `cache` of context K/V, which is extended in place (mask None: all visible).
+        a `cache` of context K/V (evaluate/static.py: DraftSlots) whose `extend(i, k, v)` stores them
+        and returns every slot's, [n, nkv, S, hd]; the mask [n, 1, Q, S+Q] then says which hold context.
         Returns final hidden states [n, Q, H] (apply the target's lm_head for logits)."""
         x = block_embeds
         rope_q = self.rotary_emb(x, block_positions)  # cos, sin: [n, Q, hd]
@@ -162,11 +163,7 @@ class DFlashDrafter(nn.Module):
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.context_kv(ctx, *rope_ctx)  # [n, nkv, T, hd]
             if cache is not None:
-                if len(cache) > i:
-                    k, v = torch.cat([cache[i][0], k], dim=2), torch.cat([cache[i][1], v], dim=2)
-                    cache[i] = (k, v)
-                else:
-                    cache.append((k, v))
+                k, v = cache.extend(i, k, v)  # [n, nkv, S, hd]
             if self.checkpoint_layers and torch.is_grad_enabled():
                 x = checkpoint(layer, x, rope_q, (k, v), mask, use_reentrant=False)
             else:

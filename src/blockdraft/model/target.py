@@ -176,11 +176,15 @@ class Target(nn.Module):
         return taps, (out.last_hidden_state if final_hidden else None)
 
     @torch.no_grad()
-    def step(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decoding forward with a KV cache: returns logits [n, L, V] and taps [n, L, N*H]."""
-        with self._tapping(stop_early=False) as captured:
-            out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True)
-        return out.logits, torch.cat(captured, dim=-1)
+    def step(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, mask=None, tap: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One decoding forward with a KV cache and an optional explicit mask (see `layer_masks`):
+        returns logits [n, L, V] and, if `tap`, taps [n, L, N*H]."""
+        with self._tapping(stop_early=False) if tap else contextlib.nullcontext([]) as captured:
+            out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                             past_key_values=cache, use_cache=True)
+        return out.logits, torch.cat(captured, dim=-1) if tap else None
 
 
 def load_target(path: str | Path, layer_ids: list[int] | None, device: torch.device, dtype: str = "auto"):
