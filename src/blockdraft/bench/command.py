@@ -355,9 +355,9 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from blockdraft.device import pick_device
     from blockdraft.train import distributed
     from blockdraft.train.hotpath import HotPath
-    from blockdraft.train.loop import pick_device
     from blockdraft.train.schedule import build_optimizer
 
     profiles = [p.strip() for p in args.lengths.split(",") if p.strip()]

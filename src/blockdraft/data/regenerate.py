@@ -73,11 +73,10 @@ class HFEngine:
         import torch
         from transformers import AutoModelForCausalLM
 
+        from blockdraft.device import pick_device
+
         self.torch = torch
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device == "cuda" and not torch.cuda.is_available():
-            raise UserError("--device cuda was asked for, but no CUDA device is available")
+        device = pick_device(device).type
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         try:
             self.model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()
