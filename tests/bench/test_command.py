@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from blockdraft.bench.flops import Dims, DraftWork, drafter_flops, target_flops
 from blockdraft.cli import main
+from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 
 
 def test_tiny_bench_reports_throughput_memory_and_the_fast_vs_plain_check(capsys):

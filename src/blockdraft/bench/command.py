@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from blockdraft.bench.flops import Dims, DraftWork, drafter_flops, target_flops
 from blockdraft.bench.shapes import SHAPES, target_config
 from blockdraft.bench.synthetic import SyntheticDataset
 from blockdraft.config import Config, build_config, default_layer_ids
 from blockdraft.errors import UserError
+from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense bf16, no sparsity
 

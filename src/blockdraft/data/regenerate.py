@@ -296,8 +296,8 @@ class _Progress:
 def run(args: argparse.Namespace) -> int:
     from blockdraft.data.cache import file_digest
     from blockdraft.data.reading import check_files
-    from blockdraft.data.tokenize import load_tokenizer
     from blockdraft.model.locate import locate_model
+    from blockdraft.model.tokenizer import load_tokenizer
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` and schedulers: report, then stop
     for name, value in (
