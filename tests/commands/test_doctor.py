@@ -59,7 +59,7 @@ def test_follow_on_a_finished_log_returns(logs, capsys):
 
 def test_command_module_imports_nothing_heavy():
     code = (
-        "import sys; import blockdraft.doctor.command; "
+        "import sys; import blockdraft.commands.doctor; "
         "print(any(m in sys.modules for m in ('torch', 'numpy', 'matplotlib', 'rich')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
