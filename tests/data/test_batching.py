@@ -10,18 +10,9 @@ from hypothesis import strategies as st
 
 from blockdraft.bench.shapes import SHAPES
 from blockdraft.config import DataConfig, load_config
-from blockdraft.data.batching import (
-    BatchSampler,
-    apportion,
-    batch_cost,
-    interleave,
-    lag1_autocorr,
-    longest_run,
-    run_bound,
-    tail_run,
-    update_mix,
-)
+from blockdraft.data.batching import BatchSampler, apportion, batch_cost
 from blockdraft.data.cost import SampleCosts, flop_costs
+from blockdraft.data.interleave import interleave, lag1_autocorr, longest_run, run_bound, tail_run, update_mix
 from blockdraft.errors import UserError
 
 SEED_BOUNDARIES = [0, 770, 1216, 1728, 2432, 3296, 8192]
