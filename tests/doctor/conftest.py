@@ -10,7 +10,7 @@ import pytest
 from blockdraft.doctor.detectors import diagnose
 from blockdraft.doctor.findings import Finding
 from blockdraft.doctor.readers import load_run
-from blockdraft.doctor.records import RunLog, parse_mapping
+from blockdraft.doctor.records import RunLog, parse_log_bytes, parse_mapping
 from tests.doctor import synthetic
 
 
@@ -23,6 +23,23 @@ def analyse(tmp_path: Path, run: synthetic.SyntheticRun) -> tuple[RunLog, list[F
 def write_records(path: Path, records: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+def find(findings: list[Finding], code: str) -> list[Finding]:
+    return [f for f in findings if f.code == code]
+
+
+def log_of(records: list[dict]) -> RunLog:
+    """A RunLog parsed from records in memory, as the doctor reads a log file."""
+    return parse_log_bytes("".join(json.dumps(r) + "\n" for r in records).encode(), {})
+
+
+def step_records(n: int, dt: float = 1.0, start: int = 1, t0: float = 0.0) -> list[dict]:
+    """n `step` records, one every dt seconds, each with a loss of 1."""
+    return [
+        {"kind": "step", "step": i, "time": t0 + dt * (i - start), "step_time": dt, "loss": 1.0}
+        for i in range(start, start + n)
+    ]
 
 
 def codes(findings: list[Finding], at_least: str = "info") -> set[str]:
