@@ -1,4 +1,4 @@
-"""All detectors, in report order; `diagnose` runs them over one RunLog."""
+"""All detectors, in report order; `diagnose` runs them over one LoggedRun."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 from blockdraft.doctor.context import Context
 from blockdraft.doctor.detectors import batches, epochs, evals, pipeline, settings, skips, timing, training
 from blockdraft.doctor.findings import Finding, rank
-from blockdraft.doctor.records import RunLog
+from blockdraft.doctor.run import LoggedRun
 
 Detector = Callable[[Context], list[Finding]]
 
@@ -36,7 +36,7 @@ DETECTORS: tuple[Detector, ...] = (
 )
 
 
-def diagnose(run: RunLog, detectors: tuple[Detector, ...] = DETECTORS) -> list[Finding]:
+def diagnose(run: LoggedRun, detectors: tuple[Detector, ...] = DETECTORS) -> list[Finding]:
     """Every finding for this run, most severe first."""
     ctx = Context(run)
     findings: list[Finding] = []

@@ -10,7 +10,7 @@ from blockdraft.data.interleave import lag1_autocorr
 from blockdraft.doctor import stats
 from blockdraft.doctor.context import Context
 from blockdraft.doctor.findings import Finding
-from blockdraft.doctor.records import MIXED_BUCKET
+from blockdraft.doctor.run import MIXED_BUCKET
 
 DEFAULT_MAX_RUN = 3
 MIN_LEVEL_SPREAD = 1.25
