@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from blockdraft.config import default_gamma
+from blockdraft.data.interleave import interleave
 from blockdraft.doctor.findings import CODES
 from blockdraft.schedule import lr_curve
 
@@ -710,25 +711,8 @@ class _Sim:
 
 
 def _interleave(rng: np.random.Generator, counts: np.ndarray, total: int) -> np.ndarray:
-    """Stride interleave with jitter: every bucket spread evenly over the run, no long same-bucket runs."""
-    keys = []
-    ids = []
-    for b, c in enumerate(counts):
-        keys.append((np.arange(c) + rng.uniform(0.2, 0.8, c)) / c)
-        ids.append(np.full(c, b))
-    seq = np.concatenate(ids)[np.argsort(np.concatenate(keys), kind="stable")]
-    seq = np.resize(seq, total)
-    run = 1
-    for i in range(1, total):
-        run = run + 1 if seq[i] == seq[i - 1] else 1
-        if run > 3:
-            j = i + 1
-            while j < total and seq[j] == seq[i]:
-                j += 1
-            if j < total:
-                seq[i], seq[j] = seq[j], seq[i]
-                run = 1
-    return seq
+    """The trainer's own bucket order (runs of at most 3), repeated to `total` micro-batches."""
+    return np.resize(interleave([int(c) for c in counts], rng, max_run=3), total)
 
 
 def matches(planted: Planted, finding: Any, tolerance: int = 50) -> bool:
