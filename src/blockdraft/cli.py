@@ -1,4 +1,4 @@
-"""The `blockdraft` command: one sub-command per verb of `blockdraft.commands.VERBS`.
+"""The `blockdraft` command: train, diagnose, evaluate and export DFlash drafters, one verb at a time.
 
 Only the chosen verb's module is imported, so `--help` and `doctor` do not pay for torch. A
 `UserError` anywhere becomes one line on stderr and exit code 2.
