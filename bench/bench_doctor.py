@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 
 from blockdraft.doctor.detectors import diagnose
+from blockdraft.doctor.fields import parse_mapping
 from blockdraft.doctor.findings import at_least
 from blockdraft.doctor.readers import load_run
-from blockdraft.doctor.records import parse_log_bytes, parse_mapping
+from blockdraft.doctor.records import parse_log_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.doctor import synthetic  # noqa: E402  (the log generator is a test fixture, not package code)

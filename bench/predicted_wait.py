@@ -20,7 +20,7 @@ from blockdraft.config import default_layer_ids, load_config
 from blockdraft.data.batching import BatchSampler, batch_cost
 from blockdraft.data.cache import prepare_dataset
 from blockdraft.data.cost import dataset_costs
-from blockdraft.data.tokenize import load_tokenizer
+from blockdraft.model.tokenizer import load_tokenizer
 
 
 def wait_share(per_rank: list[list[np.ndarray]], costs) -> dict[str, float]:

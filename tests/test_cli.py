@@ -38,3 +38,32 @@ def test_mask_id_outside_the_table_says_what_to_do(tiny_target, tiny_corpus, tmp
     err = capsys.readouterr().err
     assert "mask_token_id=100000 is outside the target's embedding table" in err
     assert "leave drafter.mask_token_id unset" in err and not (tmp_path / "cache").exists()
+
+
+def test_verb_modules_and_help_import_neither_torch_nor_transformers():
+    """Every verb module loads its heavy code inside `run`, so `--help` and `doctor` start fast."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, sys, contextlib, io\n"
+        "from blockdraft.cli import main\n"
+        "from blockdraft.commands import VERBS\n"
+        "mods = [importlib.import_module(m) for m, _ in VERBS.values()]\n"
+        "assert all(callable(m.add_arguments) and callable(m.run) for m in mods)\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        main(['--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "sys.exit(int('torch' in sys.modules or 'transformers' in sys.modules))\n"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_missing_verb_module_is_a_bug_not_a_hidden_verb(monkeypatch):
+    from blockdraft import cli
+
+    monkeypatch.setitem(cli.VERBS, "doctor", ("blockdraft.commands.no_such_verb", "gone"))
+    with pytest.raises(ModuleNotFoundError):
+        main(["doctor", "x"])

@@ -10,22 +10,13 @@ from hypothesis import strategies as st
 
 from blockdraft.bench.shapes import SHAPES
 from blockdraft.config import DataConfig, load_config
-from blockdraft.data.batching import (
-    BatchSampler,
-    apportion,
-    batch_cost,
-    interleave,
-    lag1_autocorr,
-    longest_run,
-    run_bound,
-    tail_run,
-    update_mix,
-)
+from blockdraft.data.batching import BatchSampler, apportion, batch_cost
 from blockdraft.data.cost import SampleCosts, flop_costs
+from blockdraft.data.interleave import longest_run
 from blockdraft.errors import UserError
+from tests.data.test_interleave import DRAIN_TOLERANCE, bucket_positions
 
 SEED_BOUNDARIES = [0, 770, 1216, 1728, 2432, 3296, 8192]
-DRAIN_TOLERANCE = 4  # batches: offset (<1) + jitter (<0.5 each side) + slots taken by neighbours
 
 
 def seed_like_lengths(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -65,14 +56,6 @@ cfg_st = st.builds(
 )
 
 
-def bucket_positions(seq: np.ndarray, counts: list[int]) -> np.ndarray:
-    """Largest |consumed_b(t) - t * share_b| over the epoch, in batches."""
-    onehot = np.zeros((len(seq), len(counts)))
-    onehot[np.arange(len(seq)), seq] = 1
-    ideal = np.arange(1, len(seq) + 1)[:, None] * np.asarray(counts)[None] / len(seq)
-    return np.abs(onehot.cumsum(0) - ideal).max(axis=0)
-
-
 @settings(max_examples=60, deadline=None)
 @given(lengths=lengths_st, cfg=cfg_st, seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 3))
 def test_every_sample_once_per_epoch_within_budget(lengths, cfg, seed, epoch):
@@ -88,44 +71,6 @@ def test_every_sample_once_per_epoch_within_budget(lengths, cfg, seed, epoch):
         assert p.padded_tokens <= cfg.tokens_per_batch or len(lens) == 1
         assert np.all(sampler.bucket_of[p.sample_ids] == p.bucket)
     assert [p.index for p in plan] == list(range(len(plan)))
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    counts=st.lists(st.integers(0, 120), min_size=1, max_size=8).filter(lambda c: sum(c) > 0),
-    max_run=st.integers(1, 4),
-    seed=st.integers(0, 2**32 - 1),
-    tail=st.one_of(st.none(), st.tuples(st.integers(0, 7), st.integers(1, 4))),
-)
-def test_interleave_bounds_runs_and_drains_evenly(counts, max_run, seed, tail):
-    tail = tail if tail is None or (tail[0] < len(counts) and tail[1] <= max_run) else None
-    seq = interleave(counts, np.random.default_rng(seed), max_run, tail)
-    assert np.bincount(seq, minlength=len(counts)).tolist() == counts
-    bound = run_bound(counts, max_run)
-    assert longest_run(seq) <= bound
-    if tail is not None:
-        joined = np.concatenate([np.full(tail[1], tail[0]), seq])
-        assert longest_run(joined) <= (bound if len([c for c in counts if c]) > 1 else sum(counts) + tail[1])
-    if bound == max_run:  # feasible: every bucket stays within a few batches of its share
-        assert bucket_positions(seq, counts).max() <= DRAIN_TOLERANCE
-
-
-def test_infeasible_counts_get_the_smallest_possible_runs():
-    counts = [50, 3, 2]  # 50 batches, 5 separators: runs of ceil(50 / 6) = 9 within one epoch, and
-    seq = interleave(counts, np.random.default_rng(0), 3)  # ceil(50 / 5) = 10 if an epoch may end on one
-    assert run_bound(counts, 3) == 10
-    assert 9 <= longest_run(seq) <= 10
-
-
-def test_a_dominant_bucket_keeps_its_bound_across_the_epoch_boundary():
-    """One bucket with 94% of the batches (seen on 2 GPUs, demo target): an epoch that ends on a full
-    run of it must not start with another full run."""
-    counts = [18, 273]
-    bound = run_bound(counts, 3)
-    assert bound == 16  # ceil(273 / 18); 15 within one epoch
-    for seed in range(20):
-        seq = interleave(counts, np.random.default_rng(seed), 3, tail=(1, bound))
-        assert longest_run(np.concatenate([np.full(bound, 1), seq])) <= bound
 
 
 def test_seed_incident_distribution_is_interleaved():
@@ -292,12 +237,6 @@ def test_every_update_mixes_the_buckets_of_the_seed_skew(world):
     assert described["warnings"] == []
 
 
-def test_update_mix_counts_updates_and_runs():
-    seq = np.array([0, 0, 1, 1, 1, 1, 2, 0])  # updates of 2: (0,0) (1,1) (1,1) (2,0)
-    assert update_mix(seq, 2) == {"share_multi_bucket": 0.25, "mean_max_bucket_share": 0.875,
-                                  "max_same_bucket_run": 4}
-
-
 def test_the_seed_order_makes_one_bucket_updates_and_the_plan_says_so():
     lengths = seed_skew_lengths(5_000, np.random.default_rng(1))
     cfg = DataConfig(buckets=SEED_BOUNDARIES[1:-1], tokens_per_batch=16384, max_len=8192, interleave=False)
@@ -330,10 +269,3 @@ def test_apportion_splits_in_proportion():
     assert apportion(1, [2, 1]) == [1, 0] and apportion(2, [1, 1, 1]) == [1, 1, 0]
     assert sum(apportion(7, [3, 1, 9, 4])) == 7
     assert apportion(0, [4, 4]) == [0, 0]
-
-
-def test_helpers():
-    assert longest_run(np.array([1, 1, 2, 2, 2, 1])) == 3
-    assert tail_run(np.array([0, 1, 1])) == (1, 2)
-    assert lag1_autocorr(np.array([1, 2, 3, 4, 5, 6])) > 0.99
-    assert lag1_autocorr(np.array([1, 9, 1, 9, 1, 9])) < -0.99

@@ -1,5 +1,5 @@
 """The cost model: anchor candidates as training counts them, and a micro-batch's cost as the model
-FLOPs of bench/flops.py give it for the padded target forward plus the drafter's work."""
+FLOPs of model/flops.py give it for the padded target forward plus the drafter's work."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
-from blockdraft.bench.flops import Dims, DraftWork, drafter_flops, target_flops
 from blockdraft.config import build_config
 from blockdraft.data import cost
 from blockdraft.data.batching import batch_cost
+from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 from blockdraft.train.blocks import pack
 
 

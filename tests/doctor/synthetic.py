@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 
 from blockdraft.config import default_gamma
+from blockdraft.data.interleave import interleave
 from blockdraft.doctor.findings import CODES
+from blockdraft.schedule import lr_curve
 
 # every code can be planted; bucket_loss_modes comes with homogeneous_batches, never alone
 ANOMALIES = tuple(code for code in CODES if code != "bucket_loss_modes")
@@ -187,7 +189,7 @@ class _Sim:
         self.queue = np.clip(depth, 0, self.prefetch).astype(float)
 
     def lr_expected(self, k: np.ndarray) -> np.ndarray:
-        return _schedule(k, self.lr_peak, self.warmup, self.total, self.schedule, self.min_lr_ratio)
+        return lr_curve(k, self.lr_peak, self.warmup, self.total, self.schedule, self.min_lr_ratio)
 
     def noise_expected(self, k: np.ndarray) -> np.ndarray:
         cfg = self.noise
@@ -395,7 +397,7 @@ class _Sim:
         k = self.k
         variant = getattr(self, "lr_mismatch", None)
         if variant == "long_warmup":
-            lr = _schedule(
+            lr = lr_curve(
                 k,
                 self.lr_peak,
                 self.warmup * int(self.rng.integers(5, 9)),
@@ -404,12 +406,12 @@ class _Sim:
                 self.min_lr_ratio,
             )
         elif variant == "constant":
-            lr = _schedule(k, self.lr_peak, self.warmup, self.total, "constant", 0.0)
+            lr = lr_curve(k, self.lr_peak, self.warmup, self.total, "constant", 0.0)
         else:
             lr = self.lr_expected(k)
         if variant == "reset":
             s = self.lr_reset_at
-            lr[s:] = _schedule(k[s:] - s, self.lr_peak, self.warmup, self.total, self.schedule, self.min_lr_ratio)
+            lr[s:] = lr_curve(k[s:] - s, self.lr_peak, self.warmup, self.total, self.schedule, self.min_lr_ratio)
         first = getattr(self, "lr_variant", None)
         if first == "peak_first":
             lr[1:] = self.lr_expected(k[1:] - 1)
@@ -708,40 +710,9 @@ class _Sim:
         }
 
 
-def _schedule(k: np.ndarray, peak: float, warmup: int, total: int, schedule: str, min_ratio: float) -> np.ndarray:
-    """Warmup lr*k/W for k <= W, then cosine/linear/constant decay to peak*min_ratio at `total`."""
-    k = np.asarray(k, dtype=float)
-    frac = np.clip((k - warmup) / max(1, total - warmup), 0, 1)
-    if schedule == "cosine":
-        decay = min_ratio + (1 - min_ratio) * 0.5 * (1 + np.cos(np.pi * frac))
-    elif schedule == "linear":
-        decay = min_ratio + (1 - min_ratio) * (1 - frac)
-    else:
-        decay = np.ones_like(frac)
-    warm = np.minimum(1.0, np.maximum(k, 0) / warmup) if warmup > 0 else np.ones_like(k)
-    return peak * np.where(k <= warmup, warm, decay)
-
-
 def _interleave(rng: np.random.Generator, counts: np.ndarray, total: int) -> np.ndarray:
-    """Stride interleave with jitter: every bucket spread evenly over the run, no long same-bucket runs."""
-    keys = []
-    ids = []
-    for b, c in enumerate(counts):
-        keys.append((np.arange(c) + rng.uniform(0.2, 0.8, c)) / c)
-        ids.append(np.full(c, b))
-    seq = np.concatenate(ids)[np.argsort(np.concatenate(keys), kind="stable")]
-    seq = np.resize(seq, total)
-    run = 1
-    for i in range(1, total):
-        run = run + 1 if seq[i] == seq[i - 1] else 1
-        if run > 3:
-            j = i + 1
-            while j < total and seq[j] == seq[i]:
-                j += 1
-            if j < total:
-                seq[i], seq[j] = seq[j], seq[i]
-                run = 1
-    return seq
+    """The trainer's own bucket order (runs of at most 3), repeated to `total` micro-batches."""
+    return np.resize(interleave([int(c) for c in counts], rng, max_run=3), total)
 
 
 def matches(planted: Planted, finding: Any, tolerance: int = 50) -> bool:

@@ -6,13 +6,13 @@ import numpy as np
 from blockdraft import schedule as shared
 from blockdraft.config import NoiseConfig, OptimConfig
 from blockdraft.doctor import schedule
-from blockdraft.doctor.records import RunLog, StepTable
+from blockdraft.doctor.run import LoggedRun, StepTable
 
 
-def _run(run_start: dict, config: dict) -> RunLog:
+def _run(run_start: dict, config: dict) -> LoggedRun:
     empty = np.zeros(0)
     table = StepTable(cols={"step": empty}, bucket=empty, bucket_seq=empty, bucket_row=empty, segment=empty)
-    return RunLog(source="x", steps=table, run_start=run_start, config=config)
+    return LoggedRun(source="x", steps=table, run_start=run_start, config=config)
 
 
 def test_warmup_uses_k_over_w_from_update_one():

@@ -33,7 +33,7 @@ def test_prompt_only_and_answered_chats_give_the_same_prompt(tmp_path, thinking)
 
 
 def test_chats_without_a_template_are_skipped_by_reason(tmp_path, tiny_target):
-    from blockdraft.data.tokenize import load_tokenizer
+    from blockdraft.model.tokenizer import load_tokenizer
 
     base = load_tokenizer(str(tiny_target))  # no chat template
     files = _write(tmp_path / "p.jsonl", [{"messages": QUESTION}, {"text": "import os"}])

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
+from blockdraft.commands.ckpt_scan import scan
 from blockdraft.config import Config, DataConfig, dump_config
 from blockdraft.data import BatchSampler
 from blockdraft.errors import UserError
 from blockdraft.model.export import load_drafter
 from blockdraft.telemetry.log import read_log
 from blockdraft.train.checkpoint import committed_checkpoints, load_checkpoint, read_sharded
-from blockdraft.train.ckpt_scan import scan
 from blockdraft.train.loop import Trainer
 from tests.conftest import make_config
 from tests.train.dist_worker import train_fixed

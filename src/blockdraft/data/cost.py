@@ -3,7 +3,7 @@
 Why: with data parallelism every rank waits for the slowest at the update's all-reduce, and a padded-
 token budget does not make micro-batches equally slow. A short sequence brings up to `num_anchors`
 blocks of B queries for few context tokens, a long one few blocks for many tokens: per token, the
-drafter's work differs several times between buckets. The model FLOPs of `bench/flops.py` (one
+drafter's work differs several times between buckets. The model FLOPs of `model/flops.py` (one
 definition of the cost rule) give, per micro-batch of n rows padded to width T,
   cost = n * row(T)            the frozen target's forward over the padded batch
        + sum_i work(sample i)  the drafter over sample i's context, blocks and labels
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from blockdraft.bench.flops import Dims, DraftWork, drafter_flops, target_flops
+from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 
 if TYPE_CHECKING:
     from blockdraft.config import Config

@@ -81,11 +81,10 @@ class HFEngine:
         import torch
         from transformers import AutoModelForCausalLM
 
+        from blockdraft.device import pick_device
+
         self.torch = torch
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device == "cuda" and not torch.cuda.is_available():
-            raise UserError("--device cuda was asked for, but no CUDA device is available")
+        device = pick_device(device).type
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         try:
             self.model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()
@@ -321,8 +320,8 @@ class _Progress:
 def run(args: argparse.Namespace) -> int:
     from blockdraft.data.cache import file_digest
     from blockdraft.data.reading import check_files
-    from blockdraft.data.tokenize import load_tokenizer
     from blockdraft.model.locate import locate_model
+    from blockdraft.model.tokenizer import load_tokenizer
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` and schedulers: report, then stop
     for name, value in (

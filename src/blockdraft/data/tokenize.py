@@ -262,17 +262,3 @@ class SampleEncoder:
                 raise BadRecord("no_loss_within_max_len")
         return np.asarray(ids, dtype=np.int32), mask, truncated
 
-
-def load_tokenizer(path: str) -> Any:
-    """The target's tokenizer from its local folder; a bad folder is a user error, not a traceback."""
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    if not Path(path).is_dir():
-        raise UserError(f"target folder not found: {path}")
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except Exception as exc:  # transformers raises OSError, ValueError, KeyError... for a bad folder
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"cannot load a tokenizer from {path}: {first}") from None

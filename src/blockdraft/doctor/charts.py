@@ -13,7 +13,7 @@ import numpy as np
 
 from blockdraft.doctor import schedule
 from blockdraft.doctor.findings import Finding
-from blockdraft.doctor.records import RunLog
+from blockdraft.doctor.run import LoggedRun
 
 MAX_POINTS = 6000
 SHADE = {"error": "#d62728", "warning": "#ff9f1c", "info": "#4ea8de"}
@@ -76,7 +76,7 @@ def _axes(title: str, ylabel: str, height: float = 3.0):
     return fig, ax
 
 
-def metric_chart(run: RunLog, findings: list[Finding], name: str, title: str, log_y: bool = False) -> bytes | None:
+def metric_chart(run: LoggedRun, findings: list[Finding], name: str, title: str, log_y: bool = False) -> bytes | None:
     t = run.steps
     if not t.has(name):
         return None
@@ -127,7 +127,7 @@ def metric_chart(run: RunLog, findings: list[Finding], name: str, title: str, lo
     return _png(fig)
 
 
-def lr_chart(run: RunLog, findings: list[Finding]) -> bytes | None:
+def lr_chart(run: LoggedRun, findings: list[Finding]) -> bytes | None:
     t = run.steps
     if not t.has("lr"):
         return None
@@ -153,7 +153,7 @@ def lr_chart(run: RunLog, findings: list[Finding]) -> bytes | None:
     return _png(fig)
 
 
-def timing_chart(run: RunLog, findings: list[Finding]) -> bytes | None:
+def timing_chart(run: LoggedRun, findings: list[Finding]) -> bytes | None:
     """Wall time between records (shows stalls) next to step_time and data_wait (show where it went)."""
     t = run.steps
     if not (t.has("time") or t.has("step_time")):
@@ -179,7 +179,7 @@ def timing_chart(run: RunLog, findings: list[Finding]) -> bytes | None:
     return _png(fig)
 
 
-def throughput_chart(run: RunLog, findings: list[Finding]) -> bytes | None:
+def throughput_chart(run: LoggedRun, findings: list[Finding]) -> bytes | None:
     t = run.steps
     if not t.has("tok_per_s"):
         return None
@@ -190,7 +190,7 @@ def throughput_chart(run: RunLog, findings: list[Finding]) -> bytes | None:
     return _png(fig)
 
 
-def queue_chart(run: RunLog, findings: list[Finding]) -> bytes | None:
+def queue_chart(run: LoggedRun, findings: list[Finding]) -> bytes | None:
     t = run.steps
     if not t.has("queue_depth"):
         return None
@@ -202,7 +202,7 @@ def queue_chart(run: RunLog, findings: list[Finding]) -> bytes | None:
     return _png(fig)
 
 
-def bucket_chart(run: RunLog) -> bytes | None:
+def bucket_chart(run: LoggedRun) -> bytes | None:
     """The bucket of each micro-batch over the busiest window, plus each bucket's share."""
     t = run.steps
     seq = t.bucket_seq
@@ -239,7 +239,7 @@ def bucket_chart(run: RunLog) -> bytes | None:
     return _png(fig)
 
 
-def bucket_hist_chart(run: RunLog) -> bytes | None:
+def bucket_hist_chart(run: LoggedRun) -> bytes | None:
     """Per-bucket histograms of loss relative to the run's shared trend: separate humps are loss modes."""
     from blockdraft.doctor.context import Context
 
@@ -269,7 +269,7 @@ def bucket_hist_chart(run: RunLog) -> bytes | None:
     return _png(fig)
 
 
-def eval_chart(run: RunLog) -> bytes | None:
+def eval_chart(run: LoggedRun) -> bytes | None:
     evals = [r for r in run.of_kind("eval") if isinstance(r.get("tau"), int | float)]
     if not evals and not run.steps.has("tau_est"):
         return None

@@ -12,11 +12,11 @@ from rich.text import Text
 
 from blockdraft.doctor import schedule
 from blockdraft.doctor.findings import Finding
-from blockdraft.doctor.records import RunLog
+from blockdraft.doctor.run import LoggedRun
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
-def unchecked(run: RunLog) -> dict[str, str]:
+def unchecked(run: LoggedRun) -> dict[str, str]:
     """Checks that could not run (or ran only in part) on this log, with what they lack.
 
     Shown under every report so nobody mistakes silence for health.
@@ -67,7 +67,7 @@ def _first(t: Any) -> int:
     return int(t.steps[0]) if len(t) else 0
 
 
-def describe(run: RunLog) -> str:
+def describe(run: LoggedRun) -> str:
     t = run.steps
     parts = [f"{len(t)} step records"]
     if len(t):
@@ -91,7 +91,7 @@ def describe(run: RunLog) -> str:
     return ", ".join(parts)
 
 
-def print_report(run: RunLog, findings: list[Finding], console: Any = None) -> None:
+def print_report(run: LoggedRun, findings: list[Finding], console: Any = None) -> None:
     console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 140)
     console.print(Text(f"{run.source}: ", style="bold") + Text(describe(run)))
     if not findings:

@@ -9,15 +9,15 @@ from typing import Any
 import numpy as np
 
 from blockdraft.doctor import stats
-from blockdraft.doctor.records import RunLog, StepTable
+from blockdraft.doctor.run import LoggedRun, StepTable
 
 TREND_BLOCK = 25
 
 
 class Context:
-    """A RunLog plus the shared fits: per-bucket loss/acc levels, step timing, logging stride."""
+    """A LoggedRun plus the shared fits: per-bucket loss/acc levels, step timing, logging stride."""
 
-    def __init__(self, run: RunLog) -> None:
+    def __init__(self, run: LoggedRun) -> None:
         self.run = run
         self.t: StepTable = run.steps
         self.n = len(run.steps)

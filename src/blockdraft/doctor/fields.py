@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from blockdraft.errors import UserError
+
 STEP_FIELDS = (
     "step",
     "time",
@@ -118,3 +120,17 @@ def resolve(keys: Iterable[str], mapping: dict[str, str]) -> dict[str, str]:
 def renamed(resolved: dict[str, str]) -> dict[str, str]:
     """The fields read under another name (what the report says it mapped)."""
     return {ours: theirs for ours, theirs in resolved.items() if ours != theirs}
+
+
+def parse_mapping(text: str | None) -> dict[str, str]:
+    """`loss=train/loss,step=global_step` -> {"loss": "train/loss", "step": "global_step"}."""
+    mapping: dict[str, str] = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        ours, sep, theirs = item.partition("=")
+        if not sep or not ours.strip() or not theirs.strip():
+            raise UserError(f"--map item {item!r} is not of the form our_field=their_field")
+        mapping[ours.strip()] = theirs.strip()
+    return mapping

@@ -15,14 +15,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from blockdraft.doctor.records import FORMATS, RunLog, parse_log_bytes, run_from_records
+from blockdraft.doctor.records import FORMATS, parse_log_bytes, run_from_records
+from blockdraft.doctor.run import LoggedRun
 from blockdraft.errors import UserError
 
 TB_PREFIX = "events.out.tfevents"
 HF_SKIP = ("train_runtime", "eval_runtime")
 
 
-def load_run(path: str | Path, mapping: dict[str, str] | None = None) -> RunLog:
+def load_run(path: str | Path, mapping: dict[str, str] | None = None) -> LoggedRun:
     """Read a log file or run folder of any supported format; a truncated last line is dropped, not fatal."""
     kind, target = locate(Path(path))
     mapping = mapping or {}
@@ -100,7 +101,7 @@ def _is_trainer_state(path: Path) -> bool:
     return data.lstrip().startswith(b"{") and b'"log_history"' in data
 
 
-def _read_hf(path: Path, mapping: dict[str, str]) -> RunLog:
+def _read_hf(path: Path, mapping: dict[str, str]) -> LoggedRun:
     """A Trainer's `log_history`: one entry per logging step (losses averaged over logging_steps)."""
     try:
         state = json.loads(_read_bytes(path))
@@ -128,7 +129,7 @@ def _hf_run_start(state: dict[str, Any]) -> dict[str, Any]:
     return start
 
 
-def _read_csv(path: Path, mapping: dict[str, str]) -> RunLog:
+def _read_csv(path: Path, mapping: dict[str, str]) -> LoggedRun:
     """A W&B export: run history (`_step`, metric columns) or a chart export (`Step`, `run - metric`)."""
     text = _read_bytes(path).decode("utf-8", errors="replace")
     reader = csv.DictReader(io.StringIO(text))
@@ -151,7 +152,7 @@ def _cell(text: str | None) -> Any:
         return text
 
 
-def _read_tensorboard(path: Path, mapping: dict[str, str]) -> RunLog:
+def _read_tensorboard(path: Path, mapping: dict[str, str]) -> LoggedRun:
     """Scalars of every event file under `path`, one record per step (wall time of its last scalar)."""
     try:
         from tensorboard.backend.event_processing.event_file_loader import EventFileLoader

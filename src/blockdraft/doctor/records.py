@@ -1,7 +1,5 @@
-"""Load a training log (ours or a foreign trainer's) into columns the detectors can vectorise over.
+"""Load a training log (ours or a foreign trainer's) into a `LoggedRun` the detectors can vectorise over.
 
-Step records become float64 columns (NaN where a field is missing), so a detector that needs a
-field simply finds it absent and narrows what it checks. Other record kinds stay as dicts.
 JSON lines are decoded with msgspec into a struct of only the fields we read (a million of our
 step lines in ~8 s CPU on the 2-core dev box, where orjson into dicts needs ~11 s); lines it rejects
 (NaN literals, odd types) go through `json`.
@@ -13,7 +11,6 @@ import gc
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -22,140 +19,22 @@ import numpy as np
 
 from blockdraft.doctor import fields
 from blockdraft.doctor.fields import LIST_FIELDS, STEP_FIELDS
+from blockdraft.doctor.run import MISSING_BUCKET, MIXED_BUCKET, NAN_SUFFIX, LoggedRun, StepTable
 from blockdraft.errors import UserError
 
 FORMATS = (
     "blockdraft log.jsonl, a JSONL of step records, Hugging Face trainer_state.json or checkpoint folder, "
     "W&B CSV export or wandb-history.jsonl, TensorBoard event files"
 )
-NAN_SUFFIX = "!nan"
 NAN_WATCH = ("loss", "grad_norm", "acc", "lr", "tau_est", "kl")
 FLAGGED = "nonfinite"
 CHUNK_LINES = 50_000
 SNIFF_LINES = 400
 PROFILE_ROWS = 500
 METRICS = ("loss", "acc", "lr", "grad_norm")
-HF_KEYS = ("train/global_step", "train/learning_rate", "train/epoch")
-MISSING_BUCKET = -1
-MIXED_BUCKET = -2
 
 
-@dataclass
-class StepTable:
-    """Step records as columns, in file order (a rollback or resume repeats steps; `segment` tells)."""
-
-    cols: dict[str, np.ndarray]
-    bucket: np.ndarray
-    bucket_seq: np.ndarray
-    bucket_row: np.ndarray
-    segment: np.ndarray
-    skip_reasons: dict[int, str] = field(default_factory=dict)
-    acc_per_pos: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.segment)
-
-    def nonfinite(self, name: str) -> np.ndarray:
-        """Rows where the field was written as NaN or +-Infinity (a missing field is not counted)."""
-        col = self.get(name)
-        literal = self.cols.get(name + NAN_SUFFIX)
-        bad = np.isinf(col)
-        if literal is not None:
-            bad |= literal > 0
-        return bad
-
-    def has(self, name: str) -> bool:
-        """True when the column exists and holds at least one finite value."""
-        col = self.cols.get(name)
-        return col is not None and bool(np.isfinite(col).any())
-
-    def get(self, name: str) -> np.ndarray:
-        col = self.cols.get(name)
-        return col if col is not None else np.full(len(self), np.nan)
-
-    @property
-    def steps(self) -> np.ndarray:
-        return self.cols["step"]
-
-
-@dataclass
-class RunLog:
-    """Everything the doctor knows about one run."""
-
-    source: str
-    steps: StepTable
-    run_start: dict[str, Any] | None = None
-    config: dict[str, Any] | None = None
-    records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    bad_lines: int = 0
-    truncated_tail: bool = False
-    log_format: str = "jsonl"
-    mapped: dict[str, str] = field(default_factory=dict)
-    config_source: str | None = None
-    config_read: dict[str, str] = field(default_factory=dict)
-
-    def of_kind(self, kind: str) -> list[dict[str, Any]]:
-        return self.records.get(kind, [])
-
-    def setting(self, *path: str) -> Any:
-        """A value of the resolved config (`setting("optim", "lr")`), None when unknown."""
-        node: Any = self.config
-        for key in path:
-            if not isinstance(node, dict) or key not in node:
-                return None
-            node = node[key]
-        return node
-
-    def run_value(self, key: str) -> Any:
-        """A top-level run_start value such as `total_steps`, `warmup_steps`, `batches_per_epoch`;
-        the trainer's time-budget plan (`schedule_planned`) supersedes the run's `total_steps`."""
-        plan = self.schedule_plan
-        if plan is not None and key in plan:
-            return plan[key]
-        return (self.run_start or {}).get(key)
-
-    @property
-    def schedule_plan(self) -> dict[str, Any] | None:
-        """The latest `schedule_planned` warning: train.max_minutes shortened the LR schedule."""
-        plans = [w for w in self.of_kind("warning") if w.get("code") == "schedule_planned"]
-        return plans[-1] if plans else None
-
-    @property
-    def from_hf_trainer(self) -> bool:
-        """Written by a Hugging Face Trainer (its state file, or its W&B/TensorBoard keys), whose
-        `epoch` is the cumulative epoch count: 0.4 is 40% of the first epoch by definition."""
-        return self.log_format == "hf" or set(HF_KEYS) <= set(self.mapped.values())
-
-    @property
-    def ours(self) -> bool:
-        """Written by blockdraft's trainer (a run_start with our schema), so field meanings are known."""
-        return self.log_format == "jsonl" and isinstance(self.run_value("schema"), int)
-
-    @property
-    def block_size(self) -> int | None:
-        size = self.setting("drafter", "block_size")
-        if isinstance(size, int | float) and size >= 2:
-            return int(size)
-        if self.steps.acc_per_pos is not None and len(self.steps.acc_per_pos) >= 1:
-            return len(self.steps.acc_per_pos) + 1
-        return None
-
-
-def parse_mapping(text: str | None) -> dict[str, str]:
-    """`loss=train/loss,step=global_step` -> {"loss": "train/loss", "step": "global_step"}."""
-    mapping: dict[str, str] = {}
-    for item in (text or "").split(","):
-        item = item.strip()
-        if not item:
-            continue
-        ours, sep, theirs = item.partition("=")
-        if not sep or not ours.strip() or not theirs.strip():
-            raise UserError(f"--map item {item!r} is not of the form our_field=their_field")
-        mapping[ours.strip()] = theirs.strip()
-    return mapping
-
-
-def parse_log_bytes(data: bytes, mapping: dict[str, str], source: str = "<memory>") -> RunLog:
+def parse_log_bytes(data: bytes, mapping: dict[str, str], source: str = "<memory>") -> LoggedRun:
     """Parse a whole JSONL log: step lines in bulk through a msgspec struct, other lines as dicts.
 
     The cyclic garbage collector is paused meanwhile: a million new row objects would trigger it
@@ -170,7 +49,7 @@ def parse_log_bytes(data: bytes, mapping: dict[str, str], source: str = "<memory
             gc.enable()
 
 
-def _parse_lines(data: bytes, mapping: dict[str, str], source: str) -> RunLog:
+def _parse_lines(data: bytes, mapping: dict[str, str], source: str) -> LoggedRun:
     lines = data.split(b"\n")
     if lines and not lines[-1].strip():
         lines.pop()
@@ -225,8 +104,8 @@ def run_from_records(
     mapping: dict[str, str] | None = None,
     source: str = "<live>",
     log_format: str = "jsonl",
-) -> RunLog:
-    """A RunLog from already-decoded records (the live doctor's window, foreign formats' readers)."""
+) -> LoggedRun:
+    """A LoggedRun from already-decoded records (the live doctor's window, foreign formats' readers)."""
     keys: set[str] = set()
     for rec in recs:
         keys.update(rec)
@@ -368,7 +247,7 @@ def _assemble(
     lines: np.ndarray,
     others: list[tuple[int, dict[str, Any]]],
     source: str,
-) -> RunLog:
+) -> LoggedRun:
     records: dict[str, list[dict[str, Any]]] = {}
     for _, rec in others:
         records.setdefault(str(rec["kind"]), []).append(rec)
@@ -426,7 +305,7 @@ def _assemble(
         skip_reasons=reasons,
         acc_per_pos=_mean_profile(profiles),
     )
-    return RunLog(
+    return LoggedRun(
         source=source,
         steps=table,
         run_start=run_start,

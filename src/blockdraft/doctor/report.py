@@ -11,7 +11,7 @@ import numpy as np
 from blockdraft.doctor import charts
 from blockdraft.doctor.console import describe, unchecked
 from blockdraft.doctor.findings import Finding
-from blockdraft.doctor.records import RunLog
+from blockdraft.doctor.run import LoggedRun
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1120px;color:#222}
@@ -26,14 +26,14 @@ th{background:#f6f6f6;font-weight:600} .sev{font-weight:700;text-transform:upper
 """
 
 
-def write_report(run: RunLog, findings: list[Finding], path: str | Path) -> Path:
+def write_report(run: LoggedRun, findings: list[Finding], path: str | Path) -> Path:
     """Write the report and return its path."""
     path = Path(path)
     path.write_text(render(run, findings), encoding="utf-8")
     return path
 
 
-def render(run: RunLog, findings: list[Finding]) -> str:
+def render(run: LoggedRun, findings: list[Finding]) -> str:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>blockdraft doctor: {html.escape(run.source)}</title><style>{CSS}</style></head><body>",
@@ -87,7 +87,7 @@ def _fmt(value: object) -> str:
     return html.escape(str(value))
 
 
-def _charts(run: RunLog, findings: list[Finding]) -> list[tuple[str, bytes]]:
+def _charts(run: LoggedRun, findings: list[Finding]) -> list[tuple[str, bytes]]:
     per = "per step" if _per_step(run) else "per record (each the average of a window of steps)"
     coloured = " (colour = length bucket)" if (run.steps.bucket >= 0).any() else ""
     made = [
@@ -105,7 +105,7 @@ def _charts(run: RunLog, findings: list[Finding]) -> list[tuple[str, bytes]]:
     return [(caption, png) for caption, png in made if png is not None]
 
 
-def _per_step(run: RunLog) -> bool:
+def _per_step(run: LoggedRun) -> bool:
     """One record per optimizer step (our logs); a windowed monitor's records average several."""
     steps = run.steps.steps
     return len(steps) < 2 or bool(np.median(np.diff(steps)) <= 1 and np.mean(np.diff(steps) > 1) < 0.2)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from blockdraft.doctor import stats
-from blockdraft.doctor.records import RunLog
+from blockdraft.doctor.run import LoggedRun
 from blockdraft.schedule import lr_curve, noise_curve
 
 
@@ -18,7 +18,7 @@ def _positive_int(value: object) -> int | None:
     return None
 
 
-def total_steps(run: RunLog) -> int | None:
+def total_steps(run: LoggedRun) -> int | None:
     """Updates in the whole run: run_start's, the config's max_steps, or epochs x steps per epoch
     (configured, else measured from the log's epoch field)."""
     known = _positive_int(run.run_value("total_steps")) or _positive_int(run.setting("train", "max_steps"))
@@ -31,7 +31,7 @@ def total_steps(run: RunLog) -> int | None:
     return int(round(float(epochs) * per_epoch)) if per_epoch else None
 
 
-def logged_steps_per_epoch(run: RunLog) -> int | None:
+def logged_steps_per_epoch(run: LoggedRun) -> int | None:
     """Steps per epoch from the slope of the log's epoch position (a fractional epoch, or epoch plus
     epoch_progress) over the first run segment; None without an epoch field."""
     t = run.steps
@@ -46,7 +46,7 @@ def logged_steps_per_epoch(run: RunLog) -> int | None:
     return _positive_int(1.0 / rise) if rise > 0 else None
 
 
-def warmup_steps(run: RunLog) -> int | None:
+def warmup_steps(run: LoggedRun) -> int | None:
     """Resolved warmup length: run_start's, else optim.warmup_steps, else ratio x total."""
     resolved = run.run_value("warmup_steps")
     if isinstance(resolved, int | float) and not isinstance(resolved, bool) and resolved >= 0:
@@ -62,7 +62,7 @@ def warmup_steps(run: RunLog) -> int | None:
 
 
 def expected_lr(
-    run: RunLog, k: np.ndarray, decay_from_zero: bool = False, shape: str | None = None
+    run: LoggedRun, k: np.ndarray, decay_from_zero: bool = False, shape: str | None = None
 ) -> np.ndarray | None:
     """The configured LR at updates `k`, or None when the config does not pin it down.
 
@@ -77,7 +77,7 @@ def expected_lr(
     return lr_curve(k, float(peak), warmup, total, str(schedule), float(min_ratio), decay_from_zero)
 
 
-def expected_noise(run: RunLog, k: np.ndarray) -> np.ndarray | None:
+def expected_noise(run: LoggedRun, k: np.ndarray) -> np.ndarray | None:
     """Noise std at updates `k`: std*k/W during warmup, then constant or cosine from std to final_std."""
     noise = run.setting("noise")
     if not isinstance(noise, dict) or not isinstance(noise.get("std"), int | float):

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from blockdraft.data.tokenize import load_tokenizer
 from blockdraft.errors import UserError
 from blockdraft.model.locate import locate_model
+from blockdraft.model.tokenizer import load_tokenizer
 
 MASK_TOKEN_NAMES = ("<|MASK|>", "<|mask|>", "<mask>", "[MASK]")
 

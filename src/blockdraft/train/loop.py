@@ -28,6 +28,7 @@ from blockdraft import __version__
 from blockdraft.config import Config, default_layer_ids, dump_config, total_warmup_steps
 from blockdraft.data import Batch, BatchSampler, DataReport, Prefetcher, TokenizedDataset, data_record, prepare_dataset
 from blockdraft.data.cost import dataset_costs
+from blockdraft.device import pick_device
 from blockdraft.doctor.live import LiveDoctor
 from blockdraft.errors import UserError, make_dir
 from blockdraft.evaluate.prompts import heldout_prompts
@@ -54,14 +55,6 @@ from blockdraft.train.guard import StepGuard, batch_id
 from blockdraft.train.hotpath import HotPath
 from blockdraft.train.loss import summarize
 from blockdraft.train.schedule import build_optimizer
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device=cuda but no CUDA device is visible")
-    return torch.device(name)
 
 
 def live_doctor(console: TrainConsole):

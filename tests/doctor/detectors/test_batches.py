@@ -1,32 +1,21 @@
 import numpy as np
 
-from ..conftest import codes
-
-
-def _find(findings, code):
-    return [f for f in findings if f.code == code]
+from ..conftest import codes, find
 
 
 def test_homogeneous_batches_and_loss_modes(run_factory):
     _, _, findings = run_factory(1, ("homogeneous_batches",))
-    found = _find(findings, "homogeneous_batches")
+    found = find(findings, "homogeneous_batches")
     assert found and found[0].severity in ("warning", "error")
     assert found[0].evidence["max_run"] > found[0].evidence["limit"]
-    modes = _find(findings, "bucket_loss_modes")
+    modes = find(findings, "bucket_loss_modes")
     assert modes and modes[0].severity == "warning"
 
 
 def test_interleaved_batches_are_quiet(run_factory):
     _, _, findings = run_factory(1)
     assert "homogeneous_batches" not in codes(findings)
-    assert all(f.severity == "info" for f in _find(findings, "bucket_loss_modes"))
-
-
-def test_epoch_progress_of_the_whole_run_is_caught(run_factory):
-    for seed in (2, 3):
-        _, _, findings = run_factory(seed, ("epoch_accounting",))
-        found = _find(findings, "epoch_accounting")
-        assert found and found[0].severity == "warning"
+    assert all(f.severity == "info" for f in find(findings, "bucket_loss_modes"))
 
 
 def test_runs_forced_by_one_dominant_bucket_are_not_a_batching_bug():
@@ -68,21 +57,3 @@ def test_updates_of_one_bucket_each_are_found_even_when_buckets_alternate():
 
 def test_updates_that_mix_buckets_are_quiet():
     assert not _updates(mixed=True)
-
-
-def test_a_replanned_schedule_is_no_epoch_bookkeeping_error():
-    """train.max_minutes re-plans total_steps: progress counts against 904 updates, then against 3240."""
-    from blockdraft.doctor.detectors import diagnose
-    from blockdraft.doctor.records import run_from_records
-
-    recs = [{"kind": "run_start", "time": 0.0, "step": 0, "schema": 1, "total_steps": 3240, "warmup_steps": 130,
-             "config": {"train": {"epochs": 1, "max_steps": None}}}]
-    total = 904
-    for k in range(1, 330):
-        if k == 162:
-            recs.append({"kind": "warning", "time": float(k), "step": 161, "code": "schedule_planned",
-                         "severity": "info", "message": "", "total_steps": 3240, "warmup_steps": 130})
-            total = 3240
-        recs.append({"kind": "step", "time": float(k), "step": k, "loss": 2.0, "lr": 1e-3, "epoch": 0,
-                     "epoch_progress": k / 3240, "progress": k / total})
-    assert not [f for f in diagnose(run_from_records(recs)) if f.code == "epoch_accounting"]

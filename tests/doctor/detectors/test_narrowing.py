@@ -5,7 +5,8 @@ import json
 import pytest
 
 from blockdraft.doctor.detectors import diagnose
-from blockdraft.doctor.records import STEP_FIELDS, parse_log_bytes
+from blockdraft.doctor.fields import STEP_FIELDS
+from blockdraft.doctor.records import parse_log_bytes
 from tests.doctor import synthetic
 
 BASE = synthetic.generate(31, anomalies=["loss_spike", "checkpoint_stall"], n_steps=700, style="ours").records

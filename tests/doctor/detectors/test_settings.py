@@ -3,11 +3,7 @@ import json
 from blockdraft.doctor.detectors import diagnose
 from blockdraft.doctor.records import parse_log_bytes
 
-from ..conftest import codes
-
-
-def _find(findings, code):
-    return [f for f in findings if f.code == code]
+from ..conftest import codes, find
 
 
 def _run(lrs, config=None, extra=None):
@@ -27,7 +23,7 @@ def _config(**optim):
 def test_first_update_at_peak_lr_without_config():
     """The seed incident: step 1 at 6e-4, step 2 at 6.43e-7, then the warmup."""
     lrs = [6e-4] + [6e-4 * k / 933 for k in range(1, 300)]
-    found = _find(_run(lrs), "warmup_first_step")
+    found = find(_run(lrs), "warmup_first_step")
     assert found and found[0].steps == (1, 1) and found[0].severity == "warning"
 
 
@@ -50,7 +46,7 @@ def test_lr_schedule_mismatch_long_warmup(run_factory):
 
 def test_lr_restart_without_config():
     lrs = [1e-3 * min(1, k / 50) for k in range(1, 1000)] + [1e-3 * min(1, k / 50) for k in range(1, 500)]
-    found = _find(_run(lrs), "lr_schedule_mismatch")
+    found = find(_run(lrs), "lr_schedule_mismatch")
     assert found and found[0].steps[0] == 1000
 
 
@@ -61,10 +57,10 @@ def test_noise_warmup_that_does_nothing(run_factory):
 
 def test_gamma_and_betas(run_factory):
     _, _, findings = run_factory(4, ("loss_decay_gamma",))
-    gamma = _find(findings, "loss_decay_gamma")
+    gamma = find(findings, "loss_decay_gamma")
     assert gamma and gamma[0].evidence["expected_gamma"] in (4.0, 7.0)
     _, _, findings = run_factory(4, ("optimizer_betas",))
-    betas = _find(findings, "optimizer_betas")
+    betas = find(findings, "optimizer_betas")
     assert betas and betas[0].severity == "warning" and betas[0].evidence["beta2"] == 0.999
 
 
@@ -75,7 +71,7 @@ def test_beta2_0999_warns_even_before_any_spike():
         _config(betas=[0.9, 0.999], schedule="constant", warmup_steps=0),
         {"total_steps": 50, "warmup_steps": 0},
     )
-    betas = _find(findings, "optimizer_betas")
+    betas = find(findings, "optimizer_betas")
     assert [f.severity for f in betas] == ["warning"]
     assert "spikes" not in betas[0].summary
 

@@ -1,31 +1,31 @@
-"""All detectors, in report order; `diagnose` runs them over one RunLog."""
+"""All detectors, in report order; `diagnose` runs them over one LoggedRun."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from blockdraft.doctor.context import Context
-from blockdraft.doctor.detectors import batches, evals, settings, timing, training
+from blockdraft.doctor.detectors import batches, epochs, evals, pipeline, settings, skips, timing, training
 from blockdraft.doctor.findings import Finding, rank
-from blockdraft.doctor.records import RunLog
+from blockdraft.doctor.run import LoggedRun
 
 Detector = Callable[[Context], list[Finding]]
 
 DETECTORS: tuple[Detector, ...] = (
-    training.nonfinite,
-    training.skipped_steps,
+    skips.nonfinite,
+    skips.skipped_steps,
     training.loss_spike,
     training.accuracy_cliff,
     training.plateau,
     timing.checkpoint_stall,
     timing.logging_gap,
     timing.window_artifact,
-    timing.queue_drain,
-    timing.data_wait,
-    timing.throughput_drift,
+    pipeline.queue_drain,
+    pipeline.data_wait,
+    pipeline.throughput_drift,
     batches.homogeneous_batches,
     batches.bucket_loss_modes,
-    batches.epoch_accounting,
+    epochs.epoch_accounting,
     settings.warmup_first_step,
     settings.lr_schedule_mismatch,
     settings.noise_schedule_flat,
@@ -36,7 +36,7 @@ DETECTORS: tuple[Detector, ...] = (
 )
 
 
-def diagnose(run: RunLog, detectors: tuple[Detector, ...] = DETECTORS) -> list[Finding]:
+def diagnose(run: LoggedRun, detectors: tuple[Detector, ...] = DETECTORS) -> list[Finding]:
     """Every finding for this run, most severe first."""
     ctx = Context(run)
     findings: list[Finding] = []

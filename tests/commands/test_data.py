@@ -7,15 +7,8 @@ import json
 import pytest
 
 from blockdraft import cli
-
-from .conftest import chat, write_jsonl
-from .test_reading import broken_corpus
-
-
-@pytest.fixture(autouse=True)
-def only_data_verbs(monkeypatch):
-    """The other verbs are built by other people; these tests exercise ours through cli.main."""
-    monkeypatch.setattr(cli, "VERBS", {k: v for k, v in cli.VERBS.items() if k in ("data", "regenerate")})
+from tests.data.conftest import chat, write_jsonl
+from tests.data.test_reading import broken_corpus
 
 
 def test_data_json_counts_and_plan(tmp_path, qwen_dir, capsys):
@@ -177,7 +170,7 @@ def test_cli_modules_do_not_import_torch():
     import sys
 
     code = (
-        "import sys, blockdraft.data, blockdraft.data.command, blockdraft.data.regenerate;"
+        "import sys, blockdraft.data, blockdraft.commands.data, blockdraft.data.regenerate;"
         "sys.exit(int('torch' in sys.modules or 'transformers' in sys.modules))"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -56,13 +56,14 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from blockdraft.config import load_config
+    from blockdraft.device import pick_device
     from blockdraft.evaluate.prompts import heldout_prompts
     from blockdraft.evaluate.runner import evaluate as evaluate_modes
     from blockdraft.model.export import load_drafter, save_drafter
     from blockdraft.model.target import load_target
     from blockdraft.telemetry.log import RunLog
     from blockdraft.train.checkpoint import load_checkpoint
-    from blockdraft.train.loop import Trainer, pick_device
+    from blockdraft.train.loop import Trainer
 
     console = Console()
     out = Path(args.out).resolve()

@@ -59,7 +59,7 @@ def test_follow_on_a_finished_log_returns(logs, capsys):
 
 def test_command_module_imports_nothing_heavy():
     code = (
-        "import sys; import blockdraft.doctor.command; "
+        "import sys; import blockdraft.commands.doctor; "
         "print(any(m in sys.modules for m in ('torch', 'numpy', 'matplotlib', 'rich')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -103,7 +103,8 @@ def test_bad_config_file_exits_2(logs, tmp_path, capsys):
 
 def test_tensorboard_without_the_package_says_how_to_install(tmp_path, capsys, monkeypatch):
     (tmp_path / "events.out.tfevents.1.host").write_bytes(b"")
-    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    for name in ["tensorboard", *(m for m in sys.modules if m.startswith("tensorboard."))]:
+        monkeypatch.setitem(sys.modules, name, None)  # an earlier test may have imported its submodules
     assert cli.main(["doctor", str(tmp_path)]) == 2
     assert "pip install 'blockdraft[tensorboard]'" in capsys.readouterr().err
 

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from blockdraft.bench.flops import Dims, DraftWork, drafter_flops, target_flops
 from blockdraft.cli import main
 
 
@@ -37,15 +36,6 @@ def test_bad_bench_arguments_are_one_line_and_exit_2(argv, message, capsys):
     assert main(["bench", "--device", "cpu", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
-
-
-def test_flops_follow_real_lengths():
-    dims = Dims(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128)
-    # a padded sequence costs nothing extra: only real lengths enter
-    assert target_flops([100, 20], dims, 3) == target_flops([100], dims, 3) + target_flops([20], dims, 3)
-    one = drafter_flops(DraftWork(100, 10, 500.0, 150), dims, layers=2, taps=3, block_size=16, vocab=1000)
-    two = drafter_flops(DraftWork(200, 20, 1000.0, 300), dims, layers=2, taps=3, block_size=16, vocab=1000)
-    assert two == pytest.approx(2 * one)
 
 
 def test_bench_under_torchrun_counts_every_ranks_tokens():

@@ -48,11 +48,11 @@ def parse_budgets(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
 
     from blockdraft.config import EvalConfig
+    from blockdraft.device import pick_device
     from blockdraft.evaluate.prompts import load_prompts
     from blockdraft.evaluate.runner import evaluate
     from blockdraft.model.export import load_drafter
     from blockdraft.model.target import load_target
-    from blockdraft.train.loop import pick_device
 
     budgets = parse_budgets(args.tree_budget)
     if min(args.max_new_tokens, args.limit, args.prompt_tokens, args.batch_size) < 1:

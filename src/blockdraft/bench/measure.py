@@ -1,61 +1,25 @@
-"""`blockdraft bench [--target-shape qwen3-8b | --target DIR] [--lengths full,mix] [key=value ...]`.
+"""What `blockdraft bench` measures: the training hot path on random weights and synthetic batches.
 
-Runs the training hot path (the same `HotPath`, sampler and prefetcher as `blockdraft train`) on a
-target with random weights and synthetic batches, and reports tokens/s in real (unpadded) tokens,
-step time, MFU split into target forward and drafter, peak memory, data-wait share, checkpoint stall,
-and the loss of the fast path against the plain path on the same batch.
-
-Under torchrun (one process per GPU) the drafter is wrapped as in training (`train.parallel`, DDP by
-default), each rank draws its own batches, and tokens/s counts every rank's real tokens: the
-scaling table of benchmarks/2026-11-29-h200x2-multi-gpu.md compares this figure per GPU with the one-GPU run.
+The same `HotPath`, sampler and prefetcher as `blockdraft train`, so its tokens/s, MFU split,
+memory and checkpoint stall are what a real run of that shape would see.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
 import time
 from typing import Any
 
 import torch
 
-from blockdraft.bench.flops import Dims, DraftWork, drafter_flops, target_flops
-from blockdraft.bench.shapes import SHAPES, target_config
 from blockdraft.bench.synthetic import SyntheticDataset
-from blockdraft.config import Config, build_config, default_layer_ids
-from blockdraft.errors import UserError
+from blockdraft.config import Config, default_layer_ids
+from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense bf16, no sparsity
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target-shape", default="qwen3-8b", help=f"one of {', '.join(SHAPES)}")
-    p.add_argument("--target", default=None, help="a local model folder: its config (random weights)")
-    p.add_argument("--lengths", default="full,mix", help="length profiles: full (all seq-len), mix (chat-like)")
-    p.add_argument("--seq-len", type=int, default=3072)
-    p.add_argument("--micro-batch", type=int, default=2, help="token budget = micro-batch x seq-len per micro-batch")
-    p.add_argument("--steps", type=int, default=20, help="measured updates per profile")
-    p.add_argument("--warmup", type=int, default=6, help="updates before measuring (compilation happens here)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--peak-tflops", type=float, default=None, help="for MFU; default from the GPU name")
-    p.add_argument("--no-check", action="store_true", help="skip the fast-vs-plain loss check")
-    p.add_argument("--profile", default=None, help="write a torch profiler table and trace of 2 steps here")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. drafter.num_layers=3")
-
-
-def bench_config(args: argparse.Namespace) -> Config:
-    raw = {
-        "target": {"path": args.target or f"<random {args.target_shape}>"},
-        "data": {"max_len": args.seq_len, "tokens_per_batch": args.micro_batch * args.seq_len},
-        "train": {"device": args.device},
-    }
-    return build_config(raw, args.overrides)
-
-
-def _peak(device: torch.device, given: float | None) -> float | None:
+def nominal_peak(device: torch.device, given: float | None) -> float | None:
     if given is not None or device.type != "cuda":
         return given
     name = torch.cuda.get_device_name(device)
@@ -310,98 +274,3 @@ def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float |
         out["first_over_d2h"] = times[0] / out["d2h_s"]
         out["gb"] = nbytes / 1e9
     return out
-
-
-def render(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    env = report["env"]
-    gpus = f"{env['world_size']} x " if env["world_size"] > 1 else ""
-    console.print(f"[bold]blockdraft bench[/] {env['target']} on {gpus}{env['device_name']}: drafter {env['drafter']}, "
-                  f"torch {env['torch']}; nominal peak {env['peak_tflops'] or '-'} TFLOP/s, "
-                  f"measured bf16 matmul {_fmt(env['matmul_tflops'], '.0f')} TFLOP/s")
-    table = Table(caption="medians over the measured steps; slow steps (over 2x the median) and graphs compiled "
-                          "while measuring show recompiles; tokens_per_s_wall in --json counts them in")
-    for col in ("lengths", "tokens/s (real)", "per GPU", "slow steps", "graphs compiled", "step s", "tokens/step",
-                "pad", "TFLOP/s", "MFU",
-                "MFU target", "MFU drafter", "target share", "data wait", "peak GB", "fast vs plain"):
-        table.add_column(col, justify="right")
-    for r in report["profiles"]:
-        check = r.get("check") or {}
-        verdict = "-" if not check else ("ok" if check.get("ok") else "FAIL" if check.get("ok") is False else "n/a")
-        if "loss_rel_diff" in check:
-            verdict += f" ({check['loss_rel_diff']:.1e})"
-        table.add_row(r["profile"], f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
-                      str(r["slow_steps"]), str(r["graphs_compiled"]), f"{r['step_time_s']:.3f}",
-                      f"{r['tokens_per_step']:,.0f}", f"{r['pad_frac']:.1%}", f"{r['tflops']:.0f}",
-                      _fmt(r["mfu"], ".1%"), _fmt(r["mfu_target"], ".1%"), _fmt(r["mfu_drafter"], ".1%"),
-                      f"{r['target_time_share']:.0%}", f"{r['data_wait_share']:.1%}", _fmt(r["peak_mem_gb"], ".1f"),
-                      verdict)
-    console.print(table)
-    stall = report["checkpoint_stall"]
-    if stall is None:
-        console.print("checkpoint stall: not measured under torchrun (data-parallel runs save with dcp.async_save)")
-        return
-    floor = f"; one device-to-host copy of the same bytes {stall['d2h_s']:.2f}s" if stall["d2h_s"] else ""
-    console.print(f"checkpoint stall (staging drafter + AdamW state): first save {stall['first_s']:.2f}s, "
-                  f"then {stall['steady_s']:.2f}s (pinned buffers reserved off the loop in "
-                  f"{stall['reserve_s']:.2f}s){floor}")
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def run(args: argparse.Namespace) -> int:
-    from blockdraft.train import distributed
-    from blockdraft.train.hotpath import HotPath
-    from blockdraft.train.loop import pick_device
-    from blockdraft.train.schedule import build_optimizer
-
-    profiles = [p.strip() for p in args.lengths.split(",") if p.strip()]
-    if not profiles or any(p not in ("full", "mix") for p in profiles):
-        raise UserError(f"--lengths takes full and/or mix, not {args.lengths!r}")
-    if args.steps < 1 or args.warmup < 0 or args.micro_batch < 1:
-        raise UserError("--steps and --micro-batch must be at least 1, --warmup at least 0")
-    cfg = bench_config(args)
-    world, device = distributed.init(pick_device(cfg.train.device), cfg.train.dist_timeout_s)
-    hf_cfg = target_config(args.target_shape, args.target)
-    torch.manual_seed(cfg.train.seed)
-    target, drafter = build_models(cfg, hf_cfg, device)
-    hot = HotPath(target, drafter, cfg, device)
-    hot.module, hot.defer_sync = distributed.wrap(hot.module, cfg.train.parallel, world, device)
-    peak = _peak(device, args.peak_tflops)
-    env = {
-        "target": args.target or args.target_shape,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "drafter": f"{cfg.drafter.num_layers} layers, B={cfg.drafter.block_size}, taps {drafter.target_layer_ids}, "
-                   f"{cfg.train.num_anchors} anchors",
-        "seq_len": args.seq_len, "micro_batch": args.micro_batch, "torch": torch.__version__,
-        "peak_tflops": peak, "matmul_tflops": matmul_tflops(device), "fast_path": hot.attention == "flex",
-        "compile": hot.compile, "bf16": hot.use_bf16, "date": time.strftime("%Y-%m-%d"),
-        "world_size": world.size, "parallel": cfg.train.parallel if world.distributed else None,
-    }
-    optimizer = build_optimizer(drafter.parameters(), cfg.optim, device)
-    t0 = time.perf_counter()
-
-    def progress(what: str, result: Any) -> Any:
-        """One line on stderr as each part ends: a long bench that is cut off still leaves its figures."""
-        if world.is_main:
-            print(f"bench: {what} after {time.perf_counter() - t0:.0f}s: {json.dumps(result)}", file=sys.stderr,
-                  flush=True)
-        return result
-
-    report = {"env": env, "profiles": [progress(p, run_profile(hot, optimizer, cfg, p, args, hf_cfg, peak, world))
-                                       for p in profiles]}
-    # data-parallel training saves through dcp.async_save, not this stager: not measured there
-    report["checkpoint_stall"] = None if world.distributed else progress("checkpoint", checkpoint_stall(hot, optimizer))
-    distributed.shutdown()
-    if not world.is_main:
-        return 0
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        render(report)
-    return 0

@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from blockdraft.doctor.fields import parse_mapping
     from blockdraft.doctor.findings import at_least
-    from blockdraft.doctor.records import parse_mapping
 
     mapping = parse_mapping(args.mapping)
     settings, read = _settings(args.config)

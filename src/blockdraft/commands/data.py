@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.data.batching import BatchSampler
     from blockdraft.data.cache import prepare_dataset
     from blockdraft.data.summary import data_summary, print_summary
-    from blockdraft.data.tokenize import load_tokenizer
+    from blockdraft.model.tokenizer import load_tokenizer
 
     if args.world_size < 1:
         raise UserError("--world-size must be at least 1")

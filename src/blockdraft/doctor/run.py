@@ -1,0 +1,118 @@
+"""What the doctor knows about one run: its step records as columns, its other records as dicts.
+
+Step records become float64 columns (NaN where a field is missing), so a detector that needs a
+field simply finds it absent and narrows what it checks. records.py fills these from a log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+NAN_SUFFIX = "!nan"
+HF_KEYS = ("train/global_step", "train/learning_rate", "train/epoch")
+MISSING_BUCKET = -1
+MIXED_BUCKET = -2
+
+
+@dataclass
+class StepTable:
+    """Step records as columns, in file order (a rollback or resume repeats steps; `segment` tells)."""
+
+    cols: dict[str, np.ndarray]
+    bucket: np.ndarray
+    bucket_seq: np.ndarray
+    bucket_row: np.ndarray
+    segment: np.ndarray
+    skip_reasons: dict[int, str] = field(default_factory=dict)
+    acc_per_pos: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.segment)
+
+    def nonfinite(self, name: str) -> np.ndarray:
+        """Rows where the field was written as NaN or +-Infinity (a missing field is not counted)."""
+        col = self.get(name)
+        literal = self.cols.get(name + NAN_SUFFIX)
+        bad = np.isinf(col)
+        if literal is not None:
+            bad |= literal > 0
+        return bad
+
+    def has(self, name: str) -> bool:
+        """True when the column exists and holds at least one finite value."""
+        col = self.cols.get(name)
+        return col is not None and bool(np.isfinite(col).any())
+
+    def get(self, name: str) -> np.ndarray:
+        col = self.cols.get(name)
+        return col if col is not None else np.full(len(self), np.nan)
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self.cols["step"]
+
+
+@dataclass
+class LoggedRun:
+    """Everything the doctor knows about one run."""
+
+    source: str
+    steps: StepTable
+    run_start: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    bad_lines: int = 0
+    truncated_tail: bool = False
+    log_format: str = "jsonl"
+    mapped: dict[str, str] = field(default_factory=dict)
+    config_source: str | None = None
+    config_read: dict[str, str] = field(default_factory=dict)
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return self.records.get(kind, [])
+
+    def setting(self, *path: str) -> Any:
+        """A value of the resolved config (`setting("optim", "lr")`), None when unknown."""
+        node: Any = self.config
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                return None
+            node = node[key]
+        return node
+
+    def run_value(self, key: str) -> Any:
+        """A top-level run_start value such as `total_steps`, `warmup_steps`, `batches_per_epoch`;
+        the trainer's time-budget plan (`schedule_planned`) supersedes the run's `total_steps`."""
+        plan = self.schedule_plan
+        if plan is not None and key in plan:
+            return plan[key]
+        return (self.run_start or {}).get(key)
+
+    @property
+    def schedule_plan(self) -> dict[str, Any] | None:
+        """The latest `schedule_planned` warning: train.max_minutes shortened the LR schedule."""
+        plans = [w for w in self.of_kind("warning") if w.get("code") == "schedule_planned"]
+        return plans[-1] if plans else None
+
+    @property
+    def from_hf_trainer(self) -> bool:
+        """Written by a Hugging Face Trainer (its state file, or its W&B/TensorBoard keys), whose
+        `epoch` is the cumulative epoch count: 0.4 is 40% of the first epoch by definition."""
+        return self.log_format == "hf" or set(HF_KEYS) <= set(self.mapped.values())
+
+    @property
+    def ours(self) -> bool:
+        """Written by blockdraft's trainer (a run_start with our schema), so field meanings are known."""
+        return self.log_format == "jsonl" and isinstance(self.run_value("schema"), int)
+
+    @property
+    def block_size(self) -> int | None:
+        size = self.setting("drafter", "block_size")
+        if isinstance(size, int | float) and size >= 2:
+            return int(size)
+        if self.steps.acc_per_pos is not None and len(self.steps.acc_per_pos) >= 1:
+            return len(self.steps.acc_per_pos) + 1
+        return None
