@@ -4,18 +4,20 @@ Layout: RUN/checkpoints/step-000200/
   drafter.safetensors   fp32 master weights (unprefixed names, as in the export)
   drafter_config.json   the drafter's Qwen3Config (enough to export without the target)
   optimizer.pt          AdamW state
-  trainer.pt            step, data position, RNG states, skip list (plain Python + tensors)
-  trainer.json          the same scalars, human-readable, plus the resolved config
+  trainer.pt            the trainer's stateful parts by name (train state, data position and skip
+                        list, RNG, guard windows, time-budget plan): plain Python + tensors
+  trainer.json          step, schedule and skip list, human-readable, plus the resolved config
   COMMITTED             written last: its presence is the only proof a checkpoint is complete
 
 Order: write everything into `.tmp-step-000200/`, fsync each file and the folder, rename the folder
 into place, fsync the parent, write COMMITTED (fsync), then point `latest` at it (a symlink swapped
 atomically) and prune old checkpoints beyond keep_last. Resume trusts only COMMITTED folders.
 
-Asynchronous saves: the trainer stages a consistent snapshot into host memory between two steps
-(`Stager`, pinned and reused buffers for GPU tensors) and `AsyncCheckpointer` writes it with the
-protocol above in a background thread while training goes on; at most one save is in flight, so the
-only time the loop is held is the wait for the previous save (if still running) plus the copy.
+Asynchronous saves (`Checkpointer`, the trainer's one entry point): a consistent snapshot is staged
+into host memory between two steps (`Stager`, pinned and reused buffers for GPU tensors) and
+`AsyncCheckpointer` writes it with the protocol above in a background thread while training goes
+on; at most one save is in flight, so the only time the loop is held is the wait for the previous
+save (if still running) plus the copy.
 
 Data-parallel runs (`ShardedCheckpointer`): drafter.safetensors and optimizer.pt are replaced by a
 torch.distributed.checkpoint folder content (`.metadata` + one `__R_0.distcp` per rank), written by
@@ -32,6 +34,7 @@ import os
 import shutil
 import threading
 import time
+import warnings
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +46,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner, _load_state_dict
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from blockdraft.errors import UserError
 
@@ -284,7 +287,7 @@ class AsyncCheckpointer:
         self._thread.start()
 
     def _write(self, step: int, stall_s: float, write: Callable[[], SavedCheckpoint]) -> None:
-        info: dict[str, Any] = {"path": str(self.ckpt_root / step_dir_name(step)), "stall_s": stall_s}
+        info: dict[str, Any] = {"step": step, "path": str(self.ckpt_root / step_dir_name(step)), "stall_s": stall_s}
         t0 = time.time()
         try:
             saved = write()
@@ -346,6 +349,56 @@ class ShardedCheckpointer(AsyncCheckpointer):
         self._launch(snap.step, stall_s + time.perf_counter() - t0, finish)
 
 
+class Checkpointer:
+    """The trainer's checkpoints: `save` stages the state and writes it in the background (one save
+    in flight), `poll` hands back a finished save's record, `newest` finds what a resume reads.
+    With `group` (a gloo group of a data-parallel run) the writer is DCP's, sharded; else
+    safetensors through the `Stager`."""
+
+    def __init__(self, root: Path, keep_last: int, rank: int = 0, group: dist.ProcessGroup | None = None) -> None:
+        self.root = root
+        self.writer = (ShardedCheckpointer(root, keep_last, rank, group) if group is not None
+                       else AsyncCheckpointer(root, keep_last))
+        self.stager = None if group is not None else Stager()
+        self._reserved = False
+
+    def reserve(self, live: Callable[[], dict[str, Any]]) -> None:
+        """Pin the staging buffers in the background, once the state exists in full (AdamW's too)."""
+        if self.stager is not None and not self._reserved:
+            self.stager.reserve(live())
+            self._reserved = True
+
+    def save(self, step: int, model: dict[str, Any], optim: dict[str, Any], drafter_config: dict[str, Any],
+             trainer_state: dict[str, Any], trainer_info: dict[str, Any]) -> None:
+        """`model`/`optim` are the live state dicts; the caller has waited for the previous save."""
+        t0 = time.perf_counter()
+        if self.stager is not None:
+            staged = self.stager.stage({"model": model, "optim": optim})
+            model, optim = staged["model"], staged["optim"]
+        self.writer.submit(Snapshot(step, model, drafter_config, optim, trainer_state, trainer_info),
+                           time.perf_counter() - t0)
+
+    def poll(self, wait: bool = False) -> dict[str, Any] | None:
+        """The finished save's `checkpoint` fields (with its `step`), its stall counting any wait here."""
+        info, waited = self.writer.poll(wait)
+        if info is not None:
+            info["stall_s"] += waited
+        return info
+
+    def newest(self, warn: Callable[[str], None]) -> LoadedCheckpoint | None:
+        """The newest committed checkpoint that loads; a damaged one goes to `warn` and is passed over."""
+        damaged = False
+        for path in reversed(committed_checkpoints(self.root)):
+            try:
+                return load_checkpoint(path)
+            except UserError as exc:
+                damaged = True
+                warn(f"{exc}; trying the previous checkpoint")
+        if damaged:
+            raise UserError(f"no readable checkpoint under {self.root}")
+        return None
+
+
 def _point_latest(ckpt_root: Path, target: Path) -> None:
     link = ckpt_root / "latest"
     tmp_link = ckpt_root / ".latest.tmp"
@@ -400,14 +453,45 @@ def is_sharded(path: Path) -> bool:
 
 
 def read_sharded(path: Path, keys: set[str] | None = None) -> dict[str, Any]:
-    """Full tensors of a sharded checkpoint, in this process alone ({"model": ..., "optim": ...}).
-
-    torch.distributed.checkpoint's own converter (`dcp_to_torch_save`) uses the same two helpers:
-    they rebuild the state dict from the checkpoint's metadata, so no model or config is needed."""
+    """Full tensors of a sharded checkpoint, in this process alone ({"model": ..., "optim": ...}), or
+    only the top-level `keys`. The state dict is rebuilt from the checkpoint's own metadata (each
+    entry's shape and dtype, and its place in the nested dict), so no model or config is needed."""
+    reader = FileSystemReader(path)
+    meta = reader.read_metadata()
+    places = meta.planner_data or {}
+    flat: dict[str, Any] = {}
+    for fqn, md in meta.state_dict_metadata.items():
+        if keys is None or places.get(fqn, (fqn,))[0] in keys:
+            tensor = isinstance(md, TensorStorageMetadata)
+            flat[fqn] = torch.empty(md.size, dtype=md.properties.dtype) if tensor else None  # None: bytes
+    load_sharded_into(flat, path)
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(keys=keys),
-                     no_dist=True)
+    for fqn, value in flat.items():
+        _put(state, places.get(fqn, (fqn,)), value)
     return state
+
+
+def load_sharded_into(state: dict[str, Any], path: Path) -> None:
+    """dcp.load in place (each rank reads the slices its tensors hold); in a process without a
+    group, without DCP's warning that it reads alone: here, that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+
+
+def _put(root: dict[str, Any], place: tuple[str | int, ...], value: Any) -> None:
+    """root[place[0]][place[1]]... = value, making dicts (str keys) and lists (int keys) on the way."""
+    node: Any = root
+    for key, below in zip(place, [*place[1:], None], strict=True):
+        if isinstance(node, list):
+            node.extend([None] * (int(key) + 1 - len(node)))
+        if below is None:
+            node[key] = value
+        else:
+            missing = node[key] is None if isinstance(node, list) else key not in node
+            if missing:
+                node[key] = {} if isinstance(below, str) else []
+            node = node[key]
 
 
 def load_checkpoint(path: Path, with_training_state: bool = True) -> LoadedCheckpoint:
