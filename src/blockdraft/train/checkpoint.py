@@ -15,16 +15,15 @@ atomically) and prune old checkpoints beyond keep_last. Resume trusts only COMMI
 
 Asynchronous saves (`Checkpointer`, the trainer's one entry point): a consistent snapshot is staged
 into host memory between two steps (`Stager`, pinned and reused buffers for GPU tensors) and
-`AsyncCheckpointer` writes it with the protocol above in a background thread while training goes
-on; at most one save is in flight, so the only time the loop is held is the wait for the previous
-save (if still running) plus the copy.
+written with the protocol above in a background thread while training goes on; at most one save
+is in flight, so the only time the loop is held is the wait for the previous save (if still
+running) plus the copy.
 
-Data-parallel runs (`ShardedCheckpointer`): drafter.safetensors and optimizer.pt are replaced by a
-torch.distributed.checkpoint folder content (`.metadata` + one `__R_0.distcp` per rank), written by
-every rank into the same temp folder; rank 0 adds the other files and commits as above. DCP records
-each tensor's global shape and its shards, so a resume at any world size (1 included) reads back
-exactly the slices it needs, and `load_checkpoint(..., with_training_state=False)` gathers the
-full drafter for export. The folder must be on a file system that every rank sees.
+Data-parallel runs: drafter.safetensors and optimizer.pt are replaced by DCP's files (`.metadata`
++ one `__R_0.distcp` per rank), written by every rank into the same temp folder (on a file system
+every rank sees); rank 0 adds the other files and commits as above. DCP records each tensor's
+global shape and shards, so a resume at any world size (1 included) reads exactly the slices it
+needs, and `load_checkpoint(..., with_training_state=False)` gathers the full drafter for export.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ import warnings
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from blockdraft.errors import UserError
+from blockdraft.train.staging import Stager
 
 MARKER = "COMMITTED"
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index: marks a sharded checkpoint
@@ -86,16 +87,9 @@ def committed_checkpoints(ckpt_root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
-def save_checkpoint(
-    ckpt_root: Path,
-    step: int,
-    drafter_state: dict[str, torch.Tensor],
-    drafter_config: dict[str, Any],
-    optimizer_state: dict[str, Any],
-    trainer_state: dict[str, Any],
-    trainer_info: dict[str, Any],
-    keep_last: int,
-) -> SavedCheckpoint:
+def save_checkpoint(ckpt_root: Path, step: int, drafter_state: dict[str, torch.Tensor], drafter_config: dict[str, Any],
+                    optimizer_state: dict[str, Any], trainer_state: dict[str, Any], trainer_info: dict[str, Any],
+                    keep_last: int) -> SavedCheckpoint:
     t0 = time.time()
     tmp = _fresh_tmp(ckpt_root, step)
     try:
@@ -142,14 +136,9 @@ def _crc32(path: Path) -> int:
     return crc
 
 
-def _write_files(
-    tmp: Path,
-    drafter_state: dict[str, torch.Tensor],
-    drafter_config: dict[str, Any],
-    optimizer_state: dict[str, Any],
-    trainer_state: dict[str, Any],
-    trainer_info: dict[str, Any],
-) -> dict[str, tuple[int, int]]:
+def _write_files(tmp: Path, drafter_state: dict[str, torch.Tensor], drafter_config: dict[str, Any],
+                 optimizer_state: dict[str, Any], trainer_state: dict[str, Any], trainer_info: dict[str, Any],
+                 ) -> dict[str, tuple[int, int]]:
     """Write and fsync every file; returns {name: (bytes, crc32)} for the COMMITTED manifest."""
     save_file({k: v.contiguous() for k, v in drafter_state.items()}, tmp / "drafter.safetensors")
     torch.save(optimizer_state, tmp / "optimizer.pt")
@@ -191,176 +180,21 @@ def verify_checkpoint(path: Path) -> None:
             raise UserError(f"checkpoint {path} is damaged: {name} does not match its checksum")
 
 
-@dataclass
-class Snapshot:
-    """Everything `save_checkpoint` needs, already in host memory: the trainer may move on."""
-
-    step: int
-    drafter_state: dict[str, torch.Tensor]
-    drafter_config: dict[str, Any]
-    optimizer_state: dict[str, Any]
-    trainer_state: dict[str, Any]
-    trainer_info: dict[str, Any]
-
-
-class Stager:
-    """Copies (nested) state into host tensors that the training loop will not touch again.
-
-    Buffers are kept between saves (no allocation or page faults on the loop's time), pinned for GPU
-    tensors so the copies are fast and asynchronous; CPU tensors are copied too, since training updates
-    parameters in place. Pinning 16 bytes per drafter parameter takes seconds (8.8 s for 12.6 GB on an
-    H200 host), so the trainer calls `reserve` in a background thread after the first update, when
-    AdamW's state exists: the first save then finds its buffers ready. Callers must not stage while an
-    earlier snapshot is still being written: the buffers are reused.
-    """
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
-        self._reserving: threading.Thread | None = None
-
-    def reserve(self, tree: Any) -> threading.Thread:
-        """Allocate the buffers `stage(tree)` will need, in a background thread (returned, started)."""
-        specs: dict[str, tuple[torch.Size, torch.dtype, bool]] = {}
-        self._walk(tree, "", lambda key, t: specs.setdefault(key, (t.shape, t.dtype, t.is_cuda)))
-
-        def allocate() -> None:
-            for key, (shape, dtype, pin) in specs.items():
-                self._buffers.setdefault(key, torch.empty(shape, dtype=dtype, pin_memory=pin))
-
-        self._reserving = threading.Thread(target=allocate, name="pin-buffers", daemon=True)
-        self._reserving.start()
-        return self._reserving
-
-    @property
-    def nbytes(self) -> int:
-        """Host memory held by the buffers (the bytes one save copies)."""
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())
-
-    def stage(self, tree: Any) -> Any:
-        if self._reserving is not None:  # a save before the buffers are ready waits for them (counted as stall)
-            self._reserving.join()
-            self._reserving = None
-        staged = self._walk(tree, "", self._copy)
-        if torch.cuda.is_available() and self._buffers:
-            torch.cuda.synchronize()  # the non-blocking copies must land before the writer reads them
-        return staged
-
-    def _copy(self, key: str, node: torch.Tensor) -> torch.Tensor:
-        buf = self._buffers.get(key)
-        if buf is None or buf.shape != node.shape or buf.dtype != node.dtype:
-            buf = torch.empty(node.shape, dtype=node.dtype, pin_memory=node.is_cuda)
-            self._buffers[key] = buf
-        return buf.copy_(node.detach(), non_blocking=True)
-
-    def _walk(self, node: Any, key: str, leaf: Callable[[str, torch.Tensor], Any]) -> Any:
-        if isinstance(node, torch.Tensor):
-            return leaf(key, node)
-        if isinstance(node, dict):
-            return {k: self._walk(v, f"{key}/{k}", leaf) for k, v in node.items()}
-        if isinstance(node, (list, tuple)):
-            return type(node)(self._walk(v, f"{key}/{i}", leaf) for i, v in enumerate(node))
-        return node
-
-
-class AsyncCheckpointer:
-    """Writes snapshots in a background thread, one at a time. Results (committed or failed) are
-    collected by the training thread with `poll`, so only that thread writes the log."""
-
-    def __init__(self, ckpt_root: Path, keep_last: int) -> None:
-        self.ckpt_root = ckpt_root
-        self.keep_last = keep_last
-        self._thread: threading.Thread | None = None
-        self._result: dict[str, Any] | None = None
-
-    def submit(self, snap: Snapshot, stall_s: float) -> None:
-        """Write `snap` (already staged by the caller, which took `stall_s` for it)."""
-        self._launch(snap.step, stall_s, lambda: save_checkpoint(
-            self.ckpt_root, snap.step, snap.drafter_state, snap.drafter_config, snap.optimizer_state,
-            snap.trainer_state, snap.trainer_info, self.keep_last))
-
-    def _launch(self, step: int, stall_s: float, write: Callable[[], SavedCheckpoint]) -> None:
-        if self._thread is not None:
-            raise RuntimeError("a checkpoint is already in flight; wait() first")
-        self._result = None
-        self._thread = threading.Thread(target=self._write, args=(step, stall_s, write), name="checkpoint",
-                                        daemon=True)
-        self._thread.start()
-
-    def _write(self, step: int, stall_s: float, write: Callable[[], SavedCheckpoint]) -> None:
-        info: dict[str, Any] = {"step": step, "path": str(self.ckpt_root / step_dir_name(step)), "stall_s": stall_s}
-        t0 = time.time()
-        try:
-            saved = write()
-            info.update(path=str(saved.path), write_s=saved.write_s, bytes=saved.bytes, committed=True)
-        except Exception as exc:  # reported by the trainer as a warning; training goes on
-            info.update(write_s=time.time() - t0, bytes=0, committed=False, error=f"{type(exc).__name__}: {exc}")
-        info["commit_time"] = time.time()
-        self._result = info
-
-    def poll(self, wait: bool = False) -> tuple[dict[str, Any] | None, float]:
-        """(the finished save's result or None, seconds spent waiting for it)."""
-        if self._thread is None or (not wait and self._thread.is_alive()):
-            return None, 0.0
-        t0 = time.perf_counter()
-        self._thread.join()
-        self._thread = None
-        return self._result, time.perf_counter() - t0
-
-
-class ShardedCheckpointer(AsyncCheckpointer):
-    """The same protocol for a data-parallel run. `submit` is called by every rank at the same step:
-    dcp.async_save stages this rank's shards of the drafter and AdamW state to host memory (the
-    loop's only hold), then writes them in the background over `group`, a gloo group of its own (a
-    collective there never interleaves with the training's). Once the coordinator's save returns,
-    every rank's shards are on disk; rank 0 then adds the trainer files, seals and commits."""
-
-    def __init__(self, ckpt_root: Path, keep_last: int, rank: int, group: dist.ProcessGroup) -> None:
-        super().__init__(ckpt_root, keep_last)
-        self.rank, self.group = rank, group
-        self._writer: FileSystemWriter | None = None  # kept: on CUDA it reuses its pinned staging buffers
-
-    def submit(self, snap: Snapshot, stall_s: float) -> None:
-        """`snap` holds the live (sharded) state dicts: they are staged here, before returning."""
-        t0 = time.perf_counter()
-        tmp = self.ckpt_root / f".tmp-{step_dir_name(snap.step)}"
-        if self.rank == 0:
-            tmp = _fresh_tmp(self.ckpt_root, snap.step)
-        dist.barrier(group=self.group)
-        if self._writer is None:
-            self._writer = FileSystemWriter(tmp, cache_staged_state_dict=torch.cuda.is_available())
-        future = dcp.async_save({"model": snap.drafter_state, "optim": snap.optimizer_state}, checkpoint_id=tmp,
-                                storage_writer=self._writer, process_group=self.group)
-        started = time.time()
-
-        def finish() -> SavedCheckpoint:
-            final = self.ckpt_root / step_dir_name(snap.step)
-            try:
-                future.result()
-            except BaseException:  # reported on every rank; no rank writes any more: clean up once
-                if self.rank == 0:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            if self.rank != 0:
-                return SavedCheckpoint(final, 0, time.time() - started)
-            _write_meta(tmp, snap.drafter_config, snap.trainer_state, snap.trainer_info)
-            path, size = _commit(self.ckpt_root, tmp, snap.step, _seal(tmp), self.keep_last)
-            return SavedCheckpoint(path, size, time.time() - started)
-
-        self._launch(snap.step, stall_s + time.perf_counter() - t0, finish)
-
-
 class Checkpointer:
-    """The trainer's checkpoints: `save` stages the state and writes it in the background (one save
-    in flight), `poll` hands back a finished save's record, `newest` finds what a resume reads.
-    With `group` (a gloo group of a data-parallel run) the writer is DCP's, sharded; else
-    safetensors through the `Stager`."""
+    """`save` stages the state and writes it in a background thread (one save in flight); `poll`
+    hands a finished save's record to the training thread (only that thread writes the log);
+    `newest` finds what a resume reads. Data-parallel (`group`: a gloo group of its own, so its
+    collectives never interleave with the training's), every rank saves at the same step: DCP
+    stages this rank's shards (the loop's only hold) and writes them; once the coordinator's
+    save returns, rank 0 adds the trainer files, seals and commits."""
 
     def __init__(self, root: Path, keep_last: int, rank: int = 0, group: dist.ProcessGroup | None = None) -> None:
-        self.root = root
-        self.writer = (ShardedCheckpointer(root, keep_last, rank, group) if group is not None
-                       else AsyncCheckpointer(root, keep_last))
+        self.root, self.keep_last, self.rank, self.group = root, keep_last, rank, group
         self.stager = None if group is not None else Stager()
         self._reserved = False
+        self._writer: FileSystemWriter | None = None  # kept: on CUDA it reuses its pinned staging buffers
+        self._thread: threading.Thread | None = None
+        self._result: dict[str, Any] | None = None
 
     def reserve(self, live: Callable[[], dict[str, Any]]) -> None:
         """Pin the staging buffers in the background, once the state exists in full (AdamW's too)."""
@@ -371,19 +205,69 @@ class Checkpointer:
     def save(self, step: int, model: dict[str, Any], optim: dict[str, Any], drafter_config: dict[str, Any],
              trainer_state: dict[str, Any], trainer_info: dict[str, Any]) -> None:
         """`model`/`optim` are the live state dicts; the caller has waited for the previous save."""
+        if self._thread is not None:
+            raise RuntimeError("a checkpoint is already in flight; poll(wait=True) first")
         t0 = time.perf_counter()
         if self.stager is not None:
             staged = self.stager.stage({"model": model, "optim": optim})
-            model, optim = staged["model"], staged["optim"]
-        self.writer.submit(Snapshot(step, model, drafter_config, optim, trainer_state, trainer_info),
-                           time.perf_counter() - t0)
+            write = partial(save_checkpoint, self.root, step, staged["model"], drafter_config, staged["optim"],
+                            trainer_state, trainer_info, self.keep_last)
+        else:
+            write = self._sharded(step, model, optim, drafter_config, trainer_state, trainer_info)
+        self._result = None
+        self._thread = threading.Thread(target=self._write, args=(step, time.perf_counter() - t0, write),
+                                        name="checkpoint", daemon=True)
+        self._thread.start()
+
+    def _sharded(self, step: int, model: dict[str, Any], optim: dict[str, Any], drafter_config: dict[str, Any],
+                 trainer_state: dict[str, Any], trainer_info: dict[str, Any]) -> Callable[[], SavedCheckpoint]:
+        """Start every rank's DCP write (staged before this returns); the rest of the save, to finish it."""
+        tmp = self.root / f".tmp-{step_dir_name(step)}"
+        if self.rank == 0:
+            tmp = _fresh_tmp(self.root, step)
+        dist.barrier(group=self.group)
+        if self._writer is None:
+            self._writer = FileSystemWriter(tmp, cache_staged_state_dict=torch.cuda.is_available())
+        future = dcp.async_save({"model": model, "optim": optim}, checkpoint_id=tmp, storage_writer=self._writer,
+                                process_group=self.group)
+        started = time.time()
+
+        def finish() -> SavedCheckpoint:
+            try:
+                future.result()
+            except BaseException:  # reported on every rank; no rank writes any more: clean up once
+                if self.rank == 0:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            if self.rank != 0:
+                return SavedCheckpoint(self.root / step_dir_name(step), 0, time.time() - started)
+            _write_meta(tmp, drafter_config, trainer_state, trainer_info)
+            path, size = _commit(self.root, tmp, step, _seal(tmp), self.keep_last)
+            return SavedCheckpoint(path, size, time.time() - started)
+
+        return finish
+
+    def _write(self, step: int, stall_s: float, write: Callable[[], SavedCheckpoint]) -> None:
+        info: dict[str, Any] = {"step": step, "path": str(self.root / step_dir_name(step)), "stall_s": stall_s}
+        t0 = time.time()
+        try:
+            saved = write()
+            info.update(path=str(saved.path), write_s=saved.write_s, bytes=saved.bytes, committed=True)
+        except Exception as exc:  # reported by the trainer as a warning; training goes on
+            info.update(write_s=time.time() - t0, bytes=0, committed=False, error=f"{type(exc).__name__}: {exc}")
+        info["commit_time"] = time.time()
+        self._result = info
 
     def poll(self, wait: bool = False) -> dict[str, Any] | None:
         """The finished save's `checkpoint` fields (with its `step`), its stall counting any wait here."""
-        info, waited = self.writer.poll(wait)
-        if info is not None:
-            info["stall_s"] += waited
-        return info
+        if self._thread is None or (not wait and self._thread.is_alive()):
+            return None
+        t0 = time.perf_counter()
+        self._thread.join()
+        self._thread = None
+        assert self._result is not None
+        self._result["stall_s"] += time.perf_counter() - t0
+        return self._result
 
     def newest(self, warn: Callable[[str], None]) -> LoadedCheckpoint | None:
         """The newest committed checkpoint that loads; a damaged one goes to `warn` and is passed over."""
@@ -436,9 +320,8 @@ def resolve_checkpoint(path: Path) -> Path:
 
 @dataclass
 class LoadedCheckpoint:
-    """A checkpoint read back. For a sharded one (`sharded`), the drafter and optimizer states are
-    None when the training state was asked for: the trainer loads them in place, resharded
-    (`distributed.load_weights`); without training state, the drafter is gathered in full."""
+    """A checkpoint read back. Sharded, with training state: no drafter or optimizer state (the
+    trainer loads them in place, resharded); without it, the drafter gathered in full."""
 
     path: Path
     drafter_state: dict[str, torch.Tensor] | None
