@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -182,29 +183,28 @@ class EvalHook(Hook):
 
 
 class LiveDoctorHook(Hook):
-    """The doctor's detectors on the run's own log.jsonl (rank 0), off the logging path: new records
-    are read at the second update (the config checks), at once after a non-finite one, and otherwise
-    with the full analysis, at most every `every` updates and `min_interval_s` seconds.
+    """The doctor's detectors on the run's own log.jsonl (rank 0), off the logging path: each update
+    the new records are read back and judged alone (non-finite values, slow checkpoints, the config
+    once); the full analysis over the tail window runs at most every `every` updates and
+    `min_interval_s` seconds, which bounds its share of the training thread (bench/live_doctor_cost.py).
     Each new finding becomes a `warning` record and a console line."""
 
-    def __init__(self, trainer: Trainer, every: int = 50, min_interval_s: float = 10.0) -> None:
+    def __init__(self, trainer: Trainer, every: int = 50, min_interval_s: float = 30.0,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         super().__init__(trainer)
-        self.every, self.min_interval_s = every, min_interval_s
+        self.every, self.min_interval_s, self.clock = every, min_interval_s, clock
         self.doctor = LiveDoctor(every=10**9)  # analyses when this hook says
         self._seen = self._last_step = 0
-        self._last_time = time.perf_counter()
+        self._last_time = clock()
 
     def on_start(self) -> None:
         self.tail = LogTail(self.trainer.log.path, start_at=self.trainer.log.path.stat().st_size)
 
     def on_step_end(self, end: StepEnd) -> None:
-        self._seen += 1
-        now = time.perf_counter()
-        full = self._seen - self._last_step >= self.every and now - self._last_time >= self.min_interval_s
-        if not (full or self._seen == 2 or "nonfinite" in end.record):
-            return
         found = [f for rec in self.tail.read() for f in self.doctor.ingest(rec)]
-        if full:
+        self._seen += 1
+        now = self.clock()
+        if self._seen - self._last_step >= self.every and now - self._last_time >= self.min_interval_s:
             found += self.doctor.analyse()
             self._last_step, self._last_time = self._seen, now
         t = self.trainer

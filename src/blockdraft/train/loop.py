@@ -168,6 +168,9 @@ class Trainer:
         return distributed.state_dicts(self.drafter, self.optimizer)
 
     def restore(self, ckpt: LoadedCheckpoint) -> None:
+        missing = sorted(set(self.parts) - set(ckpt.trainer_state))
+        if missing:
+            raise UserError(f"checkpoint {ckpt.path} has no {', '.join(missing)} state: written by an older blockdraft")
         distributed.load_weights(self.drafter, self.optimizer, ckpt)
         for name, part in self.parts.items():
             part.load_state_dict(ckpt.trainer_state[name])
