@@ -54,7 +54,7 @@ def _run(mode: str, records: list[dict], update_s: float, folder: Path) -> tuple
         if hook is not None and written["kind"] == "step":
             clock[0] += update_s
             trainer.step = written["step"]
-            hook.on_step_end(StepEnd(written, written, [], update_s, None))
+            hook.on_step_end(StepEnd(written, [], update_s, None))
         pending += time.perf_counter() - t0
         if written["kind"] == "step":
             costs.append(pending)

@@ -22,7 +22,7 @@ def _hook(tmp_path, **kwargs):
         trainer.step = k
         record = log.write("step", k, loss=fields.pop("loss", 2.0), grad_norm=0.5, skipped=False, step_time=dt,
                            **fields)
-        hook.on_step_end(StepEnd(record, record, [], dt, None))
+        hook.on_step_end(StepEnd(record, [], dt, None))
 
     return log, step, analyses
 

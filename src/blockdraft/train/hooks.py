@@ -27,7 +27,6 @@ class StepEnd:
     """One loop iteration's outcome, as the hooks see it."""
 
     metrics: dict[str, Any]  # the step's values before logging (a NaN is still a NaN)
-    record: dict[str, Any]  # the `step` record as written
     micro: list[Batch]
     step_time: float
     stop: tuple[str, str] | None  # (status, reason) when every rank stops after this update

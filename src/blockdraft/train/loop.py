@@ -233,14 +233,13 @@ class Trainer:
             mem_gb=torch.cuda.max_memory_allocated() / 2**30 if self.device.type == "cuda" else None,
         )
         # a guarded step is logged under the update number it would have had
-        record = self.log.write("step", self.step + rec["skipped"], **step_record(rec))
-        self.console.step(record)
+        self.console.step(self.log.write("step", self.step + rec["skipped"], **step_record(rec)))
         stop = None
         if signalled:
             stop = ("interrupted", self.stop_reason or "signal on another rank")
         elif timed_out:
             stop = ("completed", "max_minutes reached")
-        return StepEnd(rec, record, micro, step_time, stop)
+        return StepEnd(rec, micro, step_time, stop)
 
     def _skip_listed(self, batch: Batch, bid: str) -> None:
         self.log.write("skip", self.step + 1, reason="skip_list", batch_ids=[bid], bucket=batch.bucket, loss=None,
