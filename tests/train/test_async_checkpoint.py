@@ -7,8 +7,9 @@ import torch
 
 from blockdraft.telemetry.log import read_log
 from blockdraft.train import checkpoint
-from blockdraft.train.checkpoint import Stager, committed_checkpoints
+from blockdraft.train.checkpoint import committed_checkpoints
 from blockdraft.train.loop import Trainer
+from blockdraft.train.staging import Stager
 
 SLOW_WRITE_S = 1.5
 

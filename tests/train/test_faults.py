@@ -31,7 +31,7 @@ def test_a_damaged_checkpoint_is_reported_and_the_previous_one_resumed(tiny_conf
     resumed = Trainer(cfg, resume=True, show_console=False)
     resumed.prefetcher.close()
     assert resumed.step == 3
-    (message,) = resumed._startup_warnings
+    (message,) = resumed.startup_warnings
     assert "step-000006" in message and "optimizer.pt" in message and "previous checkpoint" in message
 
 

@@ -127,7 +127,7 @@ def test_consecutive_skips_roll_back_and_the_skip_list_persists(tiny_config, mon
     assert all(math.isfinite(r["loss"]) for r in records if r["kind"] == "step" and not r["skipped"])
     resumed = Trainer(cfg, resume=True, show_console=False)
     resumed.prefetcher.close()
-    assert resumed.skip_list == set(offenders)
+    assert resumed.feed.skip_list == set(offenders)
 
 
 @pytest.mark.parametrize("k", [0.0, -1.0])

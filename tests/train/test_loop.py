@@ -62,7 +62,7 @@ def test_resume_continues_the_identical_loss_sequence(tiny_config, monkeypatch):
     def stop_after_three(micro):
         rec = original(micro)
         if first.step == 3:
-            first._stop_reason = "SIGTERM"
+            first.stop_reason = "SIGTERM"
         return rec
 
     monkeypatch.setattr(first, "train_step", stop_after_three)

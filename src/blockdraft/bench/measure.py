@@ -244,7 +244,7 @@ def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float |
     As in training, the pinned buffers are reserved in the background before the first save
     (`reserve_s`, off the loop); `first_s` and `steady_s` are the loop's holds at the first and a later
     save; `d2h_s` is one contiguous copy of the state's bytes into pinned memory (median of 3)."""
-    from blockdraft.train.checkpoint import Stager
+    from blockdraft.train.staging import Stager
 
     state = {"model": hot.drafter.state_dict(), "optim": optimizer.state_dict()}
     stager = Stager()

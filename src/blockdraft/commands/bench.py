@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.bench.shapes import target_config
     from blockdraft.device import pick_device
     from blockdraft.train import distributed
-    from blockdraft.train.hotpath import HotPath
+    from blockdraft.train.hotpath import DraftForward, HotPath
     from blockdraft.train.schedule import build_optimizer
 
     profiles = [p.strip() for p in args.lengths.split(",") if p.strip()]
@@ -115,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
     hf_cfg = target_config(args.target_shape, args.target)
     torch.manual_seed(cfg.train.seed)
     target, drafter = build_models(cfg, hf_cfg, device)
-    hot = HotPath(target, drafter, cfg, device)
-    hot.module, hot.defer_sync = distributed.wrap(hot.module, cfg.train.parallel, world, device)
+    module, defer = distributed.wrap(DraftForward(drafter), cfg.train.parallel, world, device)
+    hot = HotPath(target, drafter, cfg, device, module=module, defer_sync=defer)
     peak = nominal_peak(device, args.peak_tflops)
     env = {
         "target": args.target or args.target_shape,

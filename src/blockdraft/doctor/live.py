@@ -1,9 +1,10 @@
-"""The doctor inside a running trainer, and `blockdraft doctor --follow` on a growing log.
+"""The doctor on a growing log: inside a running trainer (its live-doctor hook) and in
+`blockdraft doctor --follow`.
 
-The trainer calls `LiveDoctor.observe(record)` for every record it writes. Non-finite values and
-slow checkpoints are judged on the record itself; everything else by re-running the offline
-detectors over a bounded tail of recent records every `every` steps, so a call costs little on
-average and never grows with the run. Each code is reported once per severity it reaches.
+`ingest(record)` is cheap: non-finite values and slow checkpoints are judged on the record itself,
+the config once two steps exist. `analyse()` re-runs the offline detectors over a bounded tail of
+recent records: the costly part, so its caller decides how often (`observe` = ingest, and analyse
+every `every` steps). Each code is reported once per severity it reaches.
 """
 
 from __future__ import annotations
@@ -50,44 +51,52 @@ class LiveDoctor:
         self._mapping = mapping or {}
 
     def observe(self, record: dict[str, Any]) -> list[Finding]:
-        if self._mapping:
-            record = dict(record)
-            apply_mapping(record, self._mapping)
-        kind = record.get("kind")
+        new = self.ingest(record)
+        if self._since >= self.every:
+            new += self.analyse()
+        return new
+
+    def ingest(self, record: dict[str, Any]) -> list[Finding]:
+        """Take one record; findings judged on it alone (and the config check, once)."""
+        record, kind = self._store(record)
         new: list[Finding] = []
         if kind == "run_start":
-            self.run_start = dict(record)
             self._config_checked = False
-        elif kind == "step" or (kind is None and "step" in record):
-            self._steps.append(record)
+        elif kind == "step":
             self._since += 1
             new += self._immediate(record)
-        elif isinstance(kind, str):
-            self._others.append(record)
-            if kind == "checkpoint":
-                new += self._checkpoint(record)
+        elif kind == "checkpoint":
+            new += self._checkpoint(record)
         if not self._config_checked and self.run_start is not None and len(self._steps) >= 2:
             self._config_checked = True
             new += self._analyse(only_config=True)
-        if self._since >= self.every:
-            self._since = 0
-            new += self._analyse()
         return new
+
+    def analyse(self) -> list[Finding]:
+        """The offline detectors over the tail window: new findings only."""
+        self._since = 0
+        return self._analyse()
 
     def prime(self, records: list[dict[str, Any]]) -> None:
         """Fill the tail window with records already analysed, without reporting on them."""
         for rec in records:
-            if self._mapping:
-                rec = dict(rec)
-                apply_mapping(rec, self._mapping)
-            kind = rec.get("kind")
-            if kind == "run_start":
-                self.run_start = rec
-            elif kind == "step" or (kind is None and "step" in rec):
-                self._steps.append(rec)
-            elif isinstance(kind, str):
-                self._others.append(rec)
+            self._store(rec)
         self._config_checked = True
+
+    def _store(self, record: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """Into the window it belongs to; (the record as stored, "step" for step records, else its kind)."""
+        if self._mapping:
+            record = dict(record)
+            apply_mapping(record, self._mapping)
+        kind = record.get("kind")
+        if kind == "run_start":
+            self.run_start = dict(record)
+        elif kind == "step" or (kind is None and "step" in record):
+            self._steps.append(record)
+            return record, "step"
+        elif isinstance(kind, str):
+            self._others.append(record)
+        return record, kind if isinstance(kind, str) else None
 
     def mark_reported(self, findings: list[Finding]) -> None:
         """Treat these findings as already shown (used after an offline pass over an existing log)."""
@@ -161,27 +170,38 @@ def _nonfinite(value: object) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
-def tail_records(
-    path: Path, poll_s: float = 1.0, stop: Callable[[], bool] | None = None, start_at: int = 0
-) -> Iterator[dict[str, Any]]:
-    """Yield records appended to `path` from byte `start_at` on; a partial last line waits for its end."""
-    pending = b""
-    offset = start_at
-    while True:
-        with path.open("rb") as fh:
-            fh.seek(offset)
+class LogTail:
+    """The records appended to a log since the last `read`; a partial last line waits for its end."""
+
+    def __init__(self, path: Path, start_at: int = 0) -> None:
+        self.path, self.offset, self._pending = path, start_at, b""
+
+    def read(self) -> list[dict[str, Any]]:
+        with self.path.open("rb") as fh:
+            fh.seek(self.offset)
             chunk = fh.read()
-        offset += len(chunk)
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
+        self.offset += len(chunk)
+        *lines, self._pending = (self._pending + chunk).split(b"\n")
+        records = []
         for line in lines:
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue
             if isinstance(rec, dict):
-                yield rec
+                records.append(rec)
+        return records
+
+
+def tail_records(
+    path: Path, poll_s: float = 1.0, stop: Callable[[], bool] | None = None, start_at: int = 0
+) -> Iterator[dict[str, Any]]:
+    """Yield records appended to `path` from byte `start_at` on, polling every `poll_s` until `stop()`."""
+    tail = LogTail(path, start_at)
+    while True:
+        before = tail.offset
+        yield from tail.read()
         if stop is not None and stop():
             return
-        if not chunk:
+        if tail.offset == before:
             time.sleep(poll_s)

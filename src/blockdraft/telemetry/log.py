@@ -11,7 +11,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -33,18 +33,14 @@ def _clean(value: Any, path: str, bad: list[str]) -> Any:
 
 
 class RunLog:
-    """Append-only writer for RUN/log.jsonl (rank 0 only). `watcher`, if given, sees every record
-    after it is written (the trainer's live doctor); records it writes itself are not shown to it.
-    `sinks` (experiment trackers) get every record once it is on disk; a sink that raises is dropped
-    with a `tracker_failed` warning, so a tracker can never stop a run."""
+    """Append-only writer for RUN/log.jsonl (rank 0 only). `sinks` (experiment trackers) get every
+    record once it is on disk; a sink that raises is dropped with a `tracker_failed` warning, so a
+    tracker can never stop a run. Nothing else runs here: readers (the live doctor) read the file."""
 
-    def __init__(self, path: Path, watcher: Callable[[RunLog, dict[str, Any]], None] | None = None,
-                 sinks: Sequence[Sink] = ()) -> None:
+    def __init__(self, path: Path, sinks: Sequence[Sink] = ()) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fh: TextIO = path.open("a", encoding="utf-8")
-        self._watcher = watcher
-        self._watching = False
         self._sinks = list(sinks)
 
     def write(self, kind: str, step: int, **fields: Any) -> dict[str, Any]:
@@ -63,12 +59,6 @@ class RunLog:
                 message = f"tracker {sink.name} stopped after an error, the run goes on: {type(exc).__name__}: {first}"
                 print(f"warning: {message}", file=sys.stderr)
                 self.write("warning", step, code="tracker_failed", severity="warning", message=message)
-        if self._watcher is not None and not self._watching:
-            self._watching = True
-            try:
-                self._watcher(self, record)
-            finally:
-                self._watching = False
         return record
 
     def close(self) -> None:

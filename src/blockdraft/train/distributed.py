@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -42,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from blockdraft.train.checkpoint import LoadedCheckpoint
+from blockdraft.train.checkpoint import LoadedCheckpoint, load_sharded_into
 
 
 @dataclass(frozen=True)
@@ -140,10 +138,12 @@ def barrier() -> None:
         dist.barrier()
 
 
-def state_dicts(drafter: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
-    """This rank's (sharded under FSDP2) drafter and AdamW state, keyed by parameter name: what the
-    sharded checkpoint stores; dcp.async_save stages it."""
-    return get_model_state_dict(drafter), get_optimizer_state_dict(drafter, optimizer)
+def state_dicts(drafter: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, dict[str, Any]]:
+    """{"model", "optim"}: this rank's live state. Data-parallel: sharded under FSDP2 and keyed by
+    parameter name, what the sharded checkpoint stores; one process: torch's own state dicts."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return {"model": drafter.state_dict(), "optim": optimizer.state_dict()}
+    return {"model": get_model_state_dict(drafter), "optim": get_optimizer_state_dict(drafter, optimizer)}
 
 
 def full_drafter_state(drafter: nn.Module) -> dict[str, torch.Tensor]:
@@ -159,9 +159,7 @@ def load_weights(drafter: nn.Module, optimizer: torch.optim.Optimizer, ckpt: Loa
     slices it holds); a single-process one is loaded whole on every rank and sharded if needed."""
     if ckpt.sharded:
         state = {"model": get_model_state_dict(drafter), "optim": get_optimizer_state_dict(drafter, optimizer)}
-        with warnings.catch_warnings():  # dcp warns that one process reads alone: here, that is the intent
-            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp.load(state, checkpoint_id=ckpt.path, no_dist=not dist.is_initialized())
+        load_sharded_into(state, ckpt.path)
         set_model_state_dict(drafter, state["model"])
         set_optimizer_state_dict(drafter, optimizer, state["optim"])
     elif not dist.is_initialized():

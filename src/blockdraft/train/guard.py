@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from statistics import median
 from typing import Any
 
@@ -35,15 +36,22 @@ class StepGuard:
         self.cfg = cfg
         self._history: dict[tuple[str, int], deque[float]] = defaultdict(lambda: deque(maxlen=cfg.window))
         self._consecutive = 0
+        self._refused: list[str] = []  # batch ids of this run of refusals: this process's, not train state
 
     @property
     def consecutive(self) -> int:
         """Steps refused in a row since the last applied one."""
         return self._consecutive
 
-    def reset_skips(self) -> None:
-        """After a rollback: the run of refused steps that caused it is over."""
+    @property
+    def must_roll_back(self) -> bool:
+        return self._consecutive >= self.cfg.max_consecutive_skips
+
+    def end_refusals(self) -> list[str]:
+        """After a rollback (and its restore): the run of refused steps is over; its batches returned."""
+        offenders, self._refused = self._refused, []
         self._consecutive = 0
+        return offenders
 
     def state_dict(self) -> dict[str, Any]:
         """The windows and the run of skips as plain lists and ints: both checkpoint formats save them."""
@@ -68,7 +76,7 @@ class StepGuard:
         mad = max(median(abs(v - med) for v in hist), 1e-3 * abs(med))
         return value > med + self.cfg.spike_k * mad and value > self.cfg.spike_min_ratio * med
 
-    def check(self, bucket: int, loss: float, grad_norm: float) -> str | None:
+    def check(self, bucket: int, loss: float, grad_norm: float, batch_ids: Sequence[str] = ()) -> str | None:
         """The reason to skip this step, or None to apply it (and remember its values)."""
         if not self.cfg.enabled:
             return None
@@ -85,10 +93,8 @@ class StepGuard:
             self._history[("loss", bucket)].append(loss)
             self._history[("grad_norm", bucket)].append(grad_norm)
             self._consecutive = 0
+            self._refused.clear()
         else:
             self._consecutive += 1
+            self._refused += batch_ids
         return reason
-
-    @property
-    def must_roll_back(self) -> bool:
-        return self._consecutive >= self.cfg.max_consecutive_skips

@@ -82,9 +82,10 @@ class HotPath:
     """Holds the frozen target, the drafter and the choices of the fast path for one device.
 
     Distributed: when torch.distributed is initialised, D and the step's stats are summed over
-    ranks, and the loss is scaled by the world size because DDP and FSDP2 average gradients. The
-    trainer may wrap `module` (DDP, fully_shard) and set `defer_sync` to the wrapper's context that
-    skips the gradient reduction for all but the last micro-batch of an update.
+    ranks, and the loss is scaled by the world size because DDP and FSDP2 average gradients.
+    `module` is the caller's `DraftForward(drafter)`, already wrapped (DDP, fully_shard), and
+    `defer_sync` the wrapper's context that skips the gradient reduction for all but the last
+    micro-batch of an update; without them, the drafter runs unwrapped.
     """
 
     def __init__(
@@ -94,6 +95,8 @@ class HotPath:
         cfg: Config,
         device: torch.device,
         fast: bool | None = None,
+        module: nn.Module | None = None,
+        defer_sync: Callable[[], AbstractContextManager] = contextlib.nullcontext,
     ) -> None:
         """fast (default: on CUDA) = bf16 autocast, flex attention, torch.compile per `train.compile`;
         fast=False is the plain path (fp32, dense SDPA mask, eager): the reference the bench checks against."""
@@ -110,17 +113,14 @@ class HotPath:
         if self.compile:
             target.compile_features()
         drafter.checkpoint_layers = cfg.train.activation_checkpointing
-        self.module: nn.Module = DraftForward(drafter)
-        self.defer_sync: Callable[[], AbstractContextManager] = contextlib.nullcontext
-        self._compiled: tuple[nn.Module, nn.Module] | None = None
+        self.module = module if module is not None else DraftForward(drafter)
+        self.defer_sync = defer_sync
+        self._forward: nn.Module | None = None  # compiled at the first call, when the fast path asks for it
 
     def forward_module(self) -> nn.Module:
-        """`module` (as wrapped by the trainer), compiled once when the fast path asks for it."""
-        if not self.compile:
-            return self.module
-        if self._compiled is None or self._compiled[0] is not self.module:
-            self._compiled = (self.module, torch.compile(self.module))
-        return self._compiled[1]
+        if self._forward is None:
+            self._forward = torch.compile(self.module) if self.compile else self.module
+        return self._forward
 
     # ---- batches -----------------------------------------------------------------------------------
     def prepare(self, batch: Batch) -> Batch:

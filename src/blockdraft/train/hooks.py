@@ -1,0 +1,234 @@
+"""What happens around an update, one concern a hook (as OLMo-core's callbacks): the time budget,
+saves, refused updates and rollback, evaluation, and the live doctor. The loop calls `on_start`
+once the log is open, `on_step_end` after each step record, `on_end` after the last update; a hook
+with state has `state_dict`/`load_state_dict` and is checkpointed with the trainer's other parts.
+Hooks run in the order the trainer lists them."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from blockdraft.data import Batch
+from blockdraft.doctor.live import LiveDoctor, LogTail
+from blockdraft.train.budget import TimeBudget
+from blockdraft.train.guard import batch_id
+
+if TYPE_CHECKING:
+    from blockdraft.train.loop import Trainer
+
+
+@dataclass
+class StepEnd:
+    """One loop iteration's outcome, as the hooks see it."""
+
+    metrics: dict[str, Any]  # the step's values before logging (a NaN is still a NaN)
+    micro: list[Batch]
+    step_time: float
+    stop: tuple[str, str] | None  # (status, reason) when every rank stops after this update
+
+    @property
+    def applied(self) -> bool:
+        return not self.metrics["skipped"]
+
+    @property
+    def continues(self) -> bool:
+        """An applied update and the run goes on: periodic saves and evals are due only then."""
+        return self.applied and self.stop is None
+
+
+class Hook:
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def on_start(self) -> None: ...
+
+    def on_step_end(self, end: StepEnd) -> None: ...
+
+    def on_end(self) -> None: ...
+
+
+class TimeBudgetHook(Hook):
+    """`train.max_minutes`: the LR schedule re-planned to end when the time does (`TimeBudget`);
+    and the first update's compile time shown once it is paid."""
+
+    def __init__(self, trainer: Trainer, max_minutes: float | None) -> None:
+        super().__init__(trainer)
+        self.budget = TimeBudget(max_minutes * 60 if max_minutes else None)
+
+    def on_step_end(self, end: StepEnd) -> None:
+        t = self.trainer
+        if t.step == 1 and t.device.type == "cuda":
+            t.console.note(f"update 1 took {end.step_time:.0f} s (compiling the target and drafter; later updates "
+                           "reuse it)", style="cyan")
+        plan = self.budget.observe(t.step, end.step_time, time.time() - t.started, t.total_steps)
+        if plan is None:
+            return
+        message = (f"train.max_minutes={t.cfg.train.max_minutes:g} holds {plan.total_steps} updates at "
+                   f"{plan.median_update_s:.2f} s each (update 1 took {plan.first_update_s:.0f} s), not "
+                   f"{t.total_steps}: the LR schedule now ends at update {plan.total_steps}")
+        t.shorten_schedule(plan.total_steps)
+        t.console.total = plan.total_steps
+        t.log.write("warning", t.step, code="schedule_planned", severity="info", message=message,
+                    total_steps=plan.total_steps, warmup_steps=t.warmup_steps, first_update_s=plan.first_update_s,
+                    median_update_s=plan.median_update_s)
+        t.console.note(message, style="cyan")
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.budget.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.budget.load_state_dict(state)
+        if self.budget.plan is not None:
+            self.trainer.shorten_schedule(self.budget.plan.total_steps)
+
+
+class SaveHook(Hook):
+    """Checkpoints every `train.save_every` updates and at the end, written in the background.
+    A save's `stall_s` is its staging time plus any later wait for its write (by the next save, a
+    rollback or the end of the run): the time the loop was held because of that checkpoint."""
+
+    def on_step_end(self, end: StepEnd) -> None:
+        t = self.trainer
+        self.report()
+        if not end.continues:
+            return
+        t.checkpointer.reserve(t.live_state)  # after the first update: AdamW's state exists now
+        if t.step % t.cfg.train.save_every == 0 and t.step < t.total_steps:
+            self.save()
+
+    def on_end(self) -> None:
+        self.save()
+        self.report(wait=True)
+
+    def save(self) -> None:
+        """Start a background save; the loop is held only to finish the previous one and to stage."""
+        t = self.trainer
+        self.report(wait=True)
+        t.checkpointer.save(t.step, **t.live_state(), drafter_config=t.drafter.config.to_dict(),
+                            trainer_state={name: part.state_dict() for name, part in t.parts.items()},
+                            trainer_info={"step": t.step, "total_steps": t.total_steps,
+                                          "skip_list": sorted(t.feed.skip_list),
+                                          "config": t.cfg.model_dump(mode="json")})
+
+    def report(self, wait: bool = False) -> None:
+        """Log the in-flight save once it has finished (a `checkpoint` record at commit, or a warning)."""
+        t = self.trainer
+        info = t.checkpointer.poll(wait)
+        if info is None:
+            return
+        step = info.pop("step")
+        t.log.write("checkpoint", step, **info)
+        if info["committed"]:
+            t.console.note(f"checkpoint {info['path']} (loop held {info['stall_s']:.2f}s, "
+                           f"written in {info['write_s']:.1f}s)", style="dim")
+        else:
+            message = f"checkpoint at step {step} failed, training goes on: {info['error']}"
+            t.log.write("warning", t.step, code="checkpoint_failed", severity="warning", message=message)
+            t.console.note(message, style="red")
+
+
+class GuardHook(Hook):
+    """An update the guard refused: logged with its batches; after `guard.max_consecutive_skips` in
+    a row, back to the last committed checkpoint, with those batches on the skip list for good."""
+
+    def on_step_end(self, end: StepEnd) -> None:
+        if end.applied:
+            return
+        t, rec, k = self.trainer, end.metrics, self.trainer.step + 1
+        ids = [batch_id(mb.epoch, mb.index_in_epoch) for mb in end.micro]
+        t.log.write("skip", k, reason=rec["skip_reason"], batch_ids=ids, bucket=max(rec["buckets"]),
+                    loss=rec["loss"], grad_norm=rec["grad_norm"])
+        message = (f"step {k} skipped ({rec['skip_reason']}): loss {rec['loss']:.4g}, grad norm "
+                   f"{rec['grad_norm']:.4g}, batches {', '.join(ids)}; no update applied")
+        t.log.write("warning", k, code="step_skipped", severity="warning", message=message)
+        t.console.note(message)
+        if t.guard.must_roll_back:
+            self.roll_back()
+
+    def roll_back(self) -> None:
+        t = self.trainer
+        t.saves.report(wait=True)
+        ckpt = t.checkpointer.newest(t.warn_damaged)
+        if ckpt is not None:
+            t.restore(ckpt)
+        offenders = t.guard.end_refusals()  # after the restore, which brings the checkpoint's guard
+        t.feed.skip_list.update(offenders)  # ... and its older skip list
+        to_step = t.step if ckpt is not None else None
+        message = (f"{t.cfg.guard.max_consecutive_skips} steps in a row were skipped: rolled back to "
+                   f"{f'step {to_step}' if ckpt else 'the current weights (no checkpoint yet)'}; "
+                   f"{len(offenders)} batches put on the skip list")
+        t.log.write("rollback", t.step, to_step=to_step, skipped_batches=offenders,
+                    skip_list=sorted(t.feed.skip_list))
+        t.log.write("warning", t.step, code="rollback", severity="warning", message=message)
+        t.console.note(message, style="red")
+
+
+class EvalHook(Hook):
+    """Speculative decoding on the held-out prompts every `train.eval_every` updates."""
+
+    def on_step_end(self, end: StepEnd) -> None:
+        t, every = self.trainer, self.trainer.cfg.train.eval_every
+        if not (end.continues and every and t.eval_prompts and t.step % every == 0):
+            return
+        t0 = time.time()
+        t.last_eval = t.evaluate()
+        t.log.write("eval", t.step, **t.last_eval, tau_est_train=end.metrics["tau_est"], eval_s=time.time() - t0)
+        t.console.note(f"eval tau {t.last_eval['tau']:.2f} on {t.last_eval['prompts']} prompts", style="cyan")
+
+
+class LiveDoctorHook(Hook):
+    """The doctor's detectors on the run's own log.jsonl (rank 0), off the logging path: each update
+    the new records are read back and judged alone (non-finite values, slow checkpoints, the config
+    once); the full analysis over the tail window runs at most every `every` updates and
+    `min_interval_s` seconds, which bounds its share of the training thread (bench/live_doctor_cost.py).
+    Each new finding becomes a `warning` record and a console line."""
+
+    def __init__(self, trainer: Trainer, every: int = 50, min_interval_s: float = 30.0,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__(trainer)
+        self.every, self.min_interval_s, self.clock = every, min_interval_s, clock
+        self.doctor = LiveDoctor(every=10**9)  # analyses when this hook says
+        self._seen = self._last_step = 0
+        self._last_time = clock()
+
+    def on_start(self) -> None:
+        self.tail = LogTail(self.trainer.log.path, start_at=self.trainer.log.path.stat().st_size)
+
+    def on_step_end(self, end: StepEnd) -> None:
+        found = [f for rec in self.tail.read() for f in self.doctor.ingest(rec)]
+        self._seen += 1
+        now = self.clock()
+        if self._seen - self._last_step >= self.every and now - self._last_time >= self.min_interval_s:
+            found += self.doctor.analyse()
+            self._last_step, self._last_time = self._seen, now
+        t = self.trainer
+        for f in found:
+            t.log.write("warning", t.step, code=f.code, severity=f.severity, message=f.summary, advice=f.advice,
+                        steps=list(f.steps))
+            t.console.note(f"[{f.severity}] {f.code}: {f.summary}", style="red" if f.severity == "error" else "yellow")
+
+
+class StopOnSignal:
+    """First SIGINT/SIGTERM: stop after this step and save. Second: leave at once (a save in flight
+    is abandoned in its temp folder; committed checkpoints are never touched)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.trainer.stop_reason is not None:
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: exited at once")
+        self.trainer.stop_reason = signal.Signals(signum).name
+
+    def __enter__(self) -> StopOnSignal:
+        self._saved = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._saved.items():
+            signal.signal(s, handler)
