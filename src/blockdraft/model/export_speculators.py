@@ -57,6 +57,7 @@ def speculators_config(drafter_config: dict, verifier: str, verifier_archs: list
     block_size = int(drafter_config["block_size"])
     layer = Qwen3Config(**{k: v for k, v in drafter_config.items() if k not in _NOT_LAYER_KEYS | {"model_type"}})
     layer_dict = layer.to_diff_dict()
+    layer_dict.pop("transformers_version", None)
     layer_dict["model_type"] = "qwen3"
     for key in ("num_hidden_layers", "layer_types", "hidden_size", "vocab_size", "head_dim"):
         layer_dict[key] = getattr(layer, key)  # explicit, whatever the diff against defaults drops
