@@ -81,6 +81,23 @@ def test_data_user_errors_exit_2(tmp_path, qwen_dir, capsys, argv_tail, message)
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+def test_data_takes_a_hub_id_from_the_local_cache(tmp_path, qwen_dir, capsys, monkeypatch):
+    """`--target owner/name` resolves to its cached snapshot, as `train` and `regenerate` do."""
+    from huggingface_hub import constants
+
+    from tests.model.test_locate import fake_hub_cache
+
+    fake_hub_cache(tmp_path / "hub", "acme/tiny-tok", qwen_dir)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)  # no folder of that name here
+    path = write_jsonl(tmp_path / "d.jsonl", [chat("hello world", "fine.")] * 5)
+    argv = ["data", str(path), "--target", "acme/tiny-tok", "--cache-dir", str(tmp_path / "c"), "--json"]
+    assert cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["samples_used"] == 5
+    assert cli.main([*argv[:3], "acme/not-cached", *argv[4:]]) == 2
+    assert "nor in the local Hugging Face cache" in capsys.readouterr().err
+
+
 def test_data_bad_target_exit_2(tmp_path, capsys):
     good = write_jsonl(tmp_path / "good.jsonl", [chat("hello", "world")])
     assert cli.main(["data", str(good), "--target", str(tmp_path / "nowhere")]) == 2

@@ -1,4 +1,4 @@
-"""`blockdraft data FILE... --target DIR`: inspect a dataset before a four-day run.
+"""`blockdraft data FILE... --target DIR_OR_ID`: inspect a dataset before a four-day run.
 
 Reads and tokenises the files (filling the cache the run will use), then reports counts, skip
 reasons with line numbers, the length histogram and the batch plan for `--world-size` ranks of
@@ -18,7 +18,8 @@ from blockdraft.errors import UserError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="*", metavar="FILE", help="JSONL / JSON / Parquet files (default: the config's)")
-    parser.add_argument("--target", required=True, metavar="DIR", help="target model folder (its tokenizer is used)")
+    parser.add_argument("--target", required=True, metavar="DIR_OR_ID",
+                        help="target model folder, or a hub id in the local cache (its tokenizer is used)")
     parser.add_argument("--config", metavar="YAML", help="take data settings from this training config")
     parser.add_argument("--format", choices=["auto", "messages", "conversations", "text"])
     parser.add_argument("--max-len", type=int, metavar="N")
@@ -109,12 +110,14 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.data.batching import BatchSampler
     from blockdraft.data.cache import prepare_dataset
     from blockdraft.data.summary import data_summary, print_summary
+    from blockdraft.model.locate import locate_model
     from blockdraft.model.tokenizer import load_tokenizer
 
     if args.world_size < 1:
         raise UserError("--world-size must be at least 1")
     if args.grad_accum is not None and args.grad_accum < 1:
         raise UserError("--grad-accum must be at least 1")
+    args.target = str(locate_model(args.target))  # a folder, or a hub id from the local cache
     cfg = run_config(args)
     tokenizer = load_tokenizer(args.target)
     dataset, report = prepare_dataset(cfg.data, tokenizer)

@@ -6,6 +6,10 @@ run with the resolved config as hyperparameters, `step`, `eval` and `checkpoint`
 their step, `run_end` closes the run with its status. Each library is an optional extra, imported
 only when its tracker is asked for, and each writes locally unless its own settings say otherwise
 (see docs/trackers.md).
+
+A resumed run (`run_start` with `resumed_from` set) continues the tracker runs it started: their ids
+are kept in RUN/trackers.json (W&B run id, MLflow run id, Trackio project and name, the TensorBoard
+log dir, which a resume reopens with `purge_step` so the replayed steps replace the old ones).
 """
 
 from __future__ import annotations
@@ -34,6 +38,32 @@ class Sink(Protocol):
     def write(self, record: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
+
+
+IDS_FILE = "trackers.json"
+
+
+def recall(run_dir: Path, name: str, record: dict[str, Any]) -> dict[str, Any] | None:
+    """What `name` stored for this run folder, when `record` (a run_start) resumes a run."""
+    if record.get("resumed_from") is None:
+        return None
+    try:
+        return json.loads((run_dir / IDS_FILE).read_text()).get(name)
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+
+
+def remember(run_dir: Path, name: str, info: dict[str, Any]) -> None:
+    """Store `name`'s run ids in RUN/trackers.json (written whole, then renamed into place)."""
+    path = run_dir / IDS_FILE
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        known = {}
+    known[name] = info
+    tmp = path.with_name(f".{IDS_FILE}.tmp")
+    tmp.write_text(json.dumps(known, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def require_trackers(names: list[str]) -> None:
@@ -91,15 +121,26 @@ class TensorBoardSink:
     name = "tensorboard"
 
     def __init__(self, run_dir: Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        import torch.utils.tensorboard  # noqa: F401 - fail here, not at the first record
 
+        self._dir = run_dir
         self.logdir = run_dir / "tensorboard"
-        self._writer = SummaryWriter(log_dir=str(self.logdir))
+        self._writer: Any = None
 
     def write(self, record: dict[str, Any]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams
 
         kind, step = record["kind"], record["step"]
+        if kind == "run_start":
+            self.close()
+            prev = recall(self._dir, self.name, record)
+            # purge_step: events at or after the first replayed step are dropped from the old files
+            purge = record["resumed_from"] + 1 if prev else None
+            self._writer = SummaryWriter(log_dir=prev["logdir"] if prev else str(self.logdir), purge_step=purge)
+            remember(self._dir, self.name, {"logdir": str(self.logdir)})
+        if self._writer is None:
+            return
         if kind == "run_start":
             params = {k: _scalar(v) for k, v in hyperparameters(record).items()}
             file_writer = self._writer._get_file_writer()
@@ -116,7 +157,9 @@ class TensorBoardSink:
             self.close()
 
     def close(self) -> None:
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
 
 class WandbSink:
@@ -135,9 +178,16 @@ class WandbSink:
     def write(self, record: dict[str, Any]) -> None:
         kind = record["kind"]
         if kind == "run_start":
+            self.close()
+            prev = recall(self._dir, self.name, record)
             self._run = self._wandb.init(
-                project=os.environ.get("WANDB_PROJECT", "blockdraft"), name=self._dir.name, dir=str(self._dir),
-                config=hyperparameters(record), settings=self._wandb.Settings(console="off"))
+                project=prev["project"] if prev else os.environ.get("WANDB_PROJECT", "blockdraft"),
+                id=prev["id"] if prev else None, resume="allow" if prev else None, name=self._dir.name,
+                dir=str(self._dir), config=None if prev else hyperparameters(record),
+                settings=self._wandb.Settings(console="off"))
+            if prev:  # a resume may change settings (a longer max_steps): the config takes the new values
+                self._run.config.update(hyperparameters(record), allow_val_change=True)
+            remember(self._dir, self.name, {"id": self._run.id, "project": self._run.project})
             self._run.define_metric("step")
             self._run.define_metric("*", step_metric="step")
         if self._run is None:
@@ -168,14 +218,20 @@ class TrackioSink:
         import trackio
 
         self._trackio = trackio
+        self._dir = run_dir
         self._name = run_dir.name
         self._run: Any = None
 
     def write(self, record: dict[str, Any]) -> None:
         kind = record["kind"]
         if kind == "run_start":
-            self._run = self._trackio.init(project=os.environ.get("TRACKIO_PROJECT", "blockdraft"), name=self._name,
-                                           config=hyperparameters(record), resume="allow")
+            self.close()
+            prev = recall(self._dir, self.name, record) or {}
+            project = prev.get("project") or os.environ.get("TRACKIO_PROJECT", "blockdraft")
+            name = prev.get("name") or self._name
+            self._run = self._trackio.init(project=project, name=name, config=hyperparameters(record),
+                                           resume="allow")
+            remember(self._dir, self.name, {"project": project, "name": name})
         if self._run is None:
             return
         values = metrics(record)
@@ -206,6 +262,7 @@ class MlflowSink:
 
         self.tracking_uri = uri
         self._client = MlflowClient(tracking_uri=uri)
+        self._dir = run_dir
         self._name = run_dir.name
         self._run_id: str | None = None
 
@@ -214,11 +271,16 @@ class MlflowSink:
 
         kind = record["kind"]
         if kind == "run_start":
-            name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "blockdraft")
-            experiment = self._client.get_experiment_by_name(name)
-            experiment_id = experiment.experiment_id if experiment else self._client.create_experiment(name)
-            self._run_id = self._client.create_run(experiment_id, run_name=self._name).info.run_id
-            params = [Param(k, str(_scalar(v))[:6000]) for k, v in hyperparameters(record).items()]
+            self.close()
+            logged = self._reopen(recall(self._dir, self.name, record))
+            if self._run_id is None:
+                name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "blockdraft")
+                experiment = self._client.get_experiment_by_name(name)
+                experiment_id = experiment.experiment_id if experiment else self._client.create_experiment(name)
+                self._run_id = self._client.create_run(experiment_id, run_name=self._name).info.run_id
+            remember(self._dir, self.name, {"run_id": self._run_id, "tracking_uri": self.tracking_uri})
+            # params cannot change once logged: a resume adds only the ones the run lacks
+            params = [Param(k, str(_scalar(v))[:6000]) for k, v in hyperparameters(record).items() if k not in logged]
             for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
                 self._client.log_batch(self._run_id, params=params[i : i + 100])
         if self._run_id is None:
@@ -232,6 +294,20 @@ class MlflowSink:
         elif kind == "run_end":
             self._client.set_terminated(self._run_id, self._STATUS.get(record["status"], "FINISHED"))
             self._run_id = None
+
+    def _reopen(self, prev: dict[str, Any] | None) -> set[str]:
+        """Set the stored run running again (same run_id) when it is still in this store; its params."""
+        if not prev or prev.get("tracking_uri") != self.tracking_uri:
+            return set()
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = self._client.get_run(prev["run_id"])
+        except MlflowException:
+            return set()
+        self._run_id = run.info.run_id
+        self._client.update_run(self._run_id, status="RUNNING")
+        return set(run.data.params)
 
     def close(self) -> None:
         if self._run_id is not None:
