@@ -24,7 +24,6 @@ from typing import Any
 from blockdraft.errors import UserError
 
 MANIFEST = "manifest.json"
-PAD_MULTIPLE = 64  # static cache: prompts padded to a multiple of this, so few shapes compile
 GROUP_BATCHES = 4  # conversations handed to the engine at once, in batches: progress comes per group
 
 
@@ -62,133 +61,6 @@ def _turns_to_write(messages: list[dict[str, str]]) -> list[int]:
     if messages and messages[-1]["role"] == "user":
         spots.append(len(messages))
     return spots
-
-
-class HFEngine:
-    """Batched `generate` with left padding, on CPU or GPU, keeping `batch_size` rows busy.
-
-    With the static cache, generate compiles its decoding step into CUDA graphs, which pays only if
-    the shapes repeat: every call gets the same batch size (a short batch is padded with copies of its
-    last row), prompts are padded to a multiple of PAD_MULTIPLE tokens, and the cache is sized once,
-    for the longest prompt of the run plus max_new_tokens. A small target is launch-bound, so this is
-    the 10x. Rows that finish early would idle until the longest answer of their batch ends (half the
-    work on chat data), so answers are generated `chunk_tokens` at a time: after each chunk finished
-    rows leave and queued prompts take their place, unfinished rows continuing from their prompt and
-    answer so far (the same greedy tokens; bf16 prefill and step kernels may break a near-tie apart)."""
-
-    def __init__(self, target: str, tokenizer: Any, device: str, seed: int, cache: str = "auto",
-                 chunk_tokens: int = 64):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from blockdraft.device import pick_device
-
-        self.torch = torch
-        device = pick_device(device).type
-        dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()
-        except (OSError, ValueError) as exc:
-            raise UserError(f"cannot load the target model from {target}: {str(exc).splitlines()[0]}") from None
-        self.device = device
-        self.tokenizer = tokenizer
-        self.seed = seed
-        tokenizer.truncation_side = "left"  # a long chat keeps its latest turns
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        eos = self.model.generation_config.eos_token_id
-        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
-            eos.append(tokenizer.eos_token_id)
-        self.eos = eos
-        self.static = cache == "static" or (cache == "auto" and device == "cuda")
-        self.chunk_tokens = chunk_tokens
-        self.cache_len = 0  # --prompt-tokens (padded) + --max-new-tokens: one compiled shape per run
-
-    def reseed(self, seed: int) -> None:
-        self.torch.manual_seed(seed)
-
-    def _chunk(self, rows: list[list[int]], new_tokens: int, batch_size: int, sampling: dict) -> list[list[int]]:
-        """One generate call: `new_tokens` more tokens for each row (ids so far), left-padded."""
-        from transformers import GenerationConfig
-
-        torch, n = self.torch, len(rows)
-        if self.static:
-            rows = rows + [rows[-1]] * (batch_size - n)
-        width = max(map(len, rows))
-        if self.static:
-            width = -(-width // PAD_MULTIPLE) * PAD_MULTIPLE
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - len(row) :] = torch.tensor(row)
-            mask[i, width - len(row) :] = 1
-        cache = {"cache_implementation": "static", "max_cache_len": self.cache_len} if self.static else {}
-        config = GenerationConfig(max_new_tokens=new_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos or None,
-                                  **sampling, **cache)
-        with torch.inference_mode():
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                      generation_config=config)
-        return out[:n, width:].tolist()
-
-    def generate(
-        self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float,
-        prompt_tokens: int, batch_size: int,
-    ) -> list[tuple[str, bool, int]]:
-        """(answer text, finished, answer tokens) per prompt; finished is False where max_new_tokens cut it."""
-        enc = self.tokenizer(prompts, add_special_tokens=False, truncation=True, max_length=prompt_tokens)["input_ids"]
-        self.cache_len = -(-prompt_tokens // PAD_MULTIPLE) * PAD_MULTIPLE + max_new_tokens
-        sampling = (
-            {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {"do_sample": False}
-        )
-        chunk = min(self.chunk_tokens or max_new_tokens, max_new_tokens)
-        answers: list[list[int]] = [[] for _ in prompts]
-        finished = [False] * len(prompts)
-        queue, active = list(range(len(prompts))), []
-        while queue or active:
-            take = batch_size - len(active)
-            active, queue = active + queue[:take], queue[take:]
-            new = self._chunk([enc[i] + answers[i] for i in active], chunk, batch_size, sampling)
-            still = []
-            for i, ids in zip(active, new, strict=True):
-                stop = next((k for k, t in enumerate(ids) if t in self.eos), None)
-                room = max_new_tokens - len(answers[i])
-                finished[i] = stop is not None and stop <= room
-                answers[i] += ids[: min(room, len(ids) if stop is None else stop)]
-                if not finished[i] and len(answers[i]) < max_new_tokens:
-                    still.append(i)
-            active = still
-        return [(self.tokenizer.decode(a, skip_special_tokens=True), done, len(a))
-                for a, done in zip(answers, finished, strict=True)]
-
-
-class VLLMEngine:
-    """vLLM, when installed; prompts go in as token ids so no second BOS is added."""
-
-    def __init__(self, target: str, tokenizer: Any, seed: int):
-        try:
-            from vllm import LLM
-        except ImportError:
-            raise UserError("--engine vllm needs vLLM installed (pip install 'blockdraft[vllm]')") from None
-        self.llm = LLM(model=target, seed=seed)
-        self.tokenizer = tokenizer
-        self.seed = seed
-
-    def reseed(self, seed: int) -> None:
-        self.seed = seed
-
-    def generate(
-        self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float,
-        prompt_tokens: int, batch_size: int,
-    ) -> list[tuple[str, bool, int]]:
-        from vllm import SamplingParams
-
-        params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=self.seed)
-        token_prompts = [
-            {"prompt_token_ids": self.tokenizer(p, add_special_tokens=False)["input_ids"][-prompt_tokens:]}
-            for p in prompts
-        ]
-        outs = self.llm.generate(token_prompts, params, use_tqdm=False)
-        return [(o.outputs[0].text, o.outputs[0].finish_reason == "stop", len(o.outputs[0].token_ids)) for o in outs]
 
 
 def regenerate_batch(
@@ -372,6 +244,8 @@ def run(args: argparse.Namespace) -> int:
                 if k not in todo:
                     continue
                 if engine is None:
+                    from blockdraft.data.engines import HFEngine, VLLMEngine
+
                     engine = (
                         VLLMEngine(args.target, tokenizer, args.seed)
                         if args.engine == "vllm"
