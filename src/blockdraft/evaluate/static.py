@@ -20,7 +20,8 @@ from blockdraft.model.target import text_config
 
 
 class _SlotLayer(CacheLayerMixin):
-    """One layer's preallocated keys and values [n, kv_heads, slots, head_dim]."""
+    """One layer's preallocated keys and values [n, kv_heads, slots, head_dim]. The mixin's abstract
+    methods differ across transformers 5.x releases: every one of them is answered here."""
 
     is_compileable = True
 
@@ -34,13 +35,16 @@ class _SlotLayer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         raise NotImplementedError("SlotCache.update writes every layer")
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def get_mask_sizes(self, *_args) -> tuple[int, int]:
         return self.keys.shape[2], 0
 
     def get_seq_length(self) -> int:
         return 0
 
     def get_max_length(self) -> int:
+        return self.keys.shape[2]
+
+    def get_max_cache_shape(self) -> int:
         return self.keys.shape[2]
 
 
