@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.device import pick_device
     from blockdraft.train import distributed
     from blockdraft.train.hotpath import DraftForward, HotPath
-    from blockdraft.train.schedule import build_optimizer
+    from blockdraft.train.optimizer import build_optimizer
 
     profiles = [p.strip() for p in args.lengths.split(",") if p.strip()]
     if not profiles or any(p not in ("full", "mix") for p in profiles):

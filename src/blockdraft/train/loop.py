@@ -56,7 +56,7 @@ from blockdraft.train.hooks import (
 )
 from blockdraft.train.hotpath import DraftForward, HotPath
 from blockdraft.train.loss import summarize
-from blockdraft.train.schedule import build_optimizer
+from blockdraft.train.optimizer import build_optimizer
 from blockdraft.train.state import DataFeed, RngState, TrainState
 
 
