@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from blockdraft.doctor.detectors import diagnose
+from blockdraft.doctor.detectors.timing import stall_threshold
 from blockdraft.doctor.findings import SEVERITY_RANK, Finding
 from blockdraft.doctor.records import apply_mapping, run_from_records
 
@@ -133,7 +134,7 @@ class LiveDoctor:
         times = [r.get("step_time") for r in list(self._steps)[-200:]]
         times = sorted(t for t in times if isinstance(t, int | float) and t > 0)
         typical = times[len(times) // 2] if times else 0.0
-        if not isinstance(stall, int | float) or stall < max(10.0, 5.0 * typical):
+        if not isinstance(stall, int | float) or stall < stall_threshold(typical):
             return []
         step = int(record.get("step", 0))
         finding = Finding(

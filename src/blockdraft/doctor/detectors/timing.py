@@ -13,6 +13,11 @@ UNEXPLAINED_STALL_S = 30.0
 BIG_STALL_S = 300.0
 COSTLY_STALL_S = 120.0
 CHECKPOINT_STALL_S = 10.0
+
+
+def stall_threshold(seconds_per_step: float) -> float:
+    """How long a checkpoint may hold the loop before it is a stall: 10 s, or 5 typical updates."""
+    return max(CHECKPOINT_STALL_S, 5.0 * seconds_per_step) if math.isfinite(seconds_per_step) else CHECKPOINT_STALL_S
 ROUND_STEPS = 500
 
 
@@ -48,7 +53,7 @@ def checkpoint_stall(ctx: Context) -> list[Finding]:
     if not ckpts or ctx.n < 2:
         return []
     sec = ctx.seconds_per_step
-    threshold = max(CHECKPOINT_STALL_S, 5.0 * sec) if math.isfinite(sec) else CHECKPOINT_STALL_S
+    threshold = stall_threshold(sec)
     gaps = _gaps(ctx)
     prev = np.concatenate([[-np.inf], ctx.step[:-1]])
     ck_steps = np.array([float(r["step"]) for r in ckpts])
