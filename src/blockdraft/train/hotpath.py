@@ -53,6 +53,14 @@ class Pass:
         return Pass(ids, packed.to(ids.device))
 
 
+def graphs_compiled() -> int:
+    """Graphs torch.compile has made so far in this process (0 when nothing is compiled): growth after
+    warm-up is a recompile, a stall of seconds to minutes."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 class DraftForward(nn.Module):
     """The drafter's training forward as one module call (fusion, noise, layers), so that DDP and
     FSDP2 wrap a single forward."""
