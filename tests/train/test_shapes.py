@@ -46,3 +46,39 @@ def test_a_padded_pass_gives_the_loss_and_gradients_of_the_unpadded_one(tiny_con
     torch.testing.assert_close(v2, v1, rtol=1e-5, atol=1e-5)
     for a, b in zip(g1, g2, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_compiled_length_mix_stops_compiling_after_warm_up():
+    """CPU inductor, dense mask (flex attention has no CPU backward): a length mix whose noise ends at 0
+    compiles its graphs in the first updates and none after (noise stays a tensor; classes bound shapes)."""
+    from blockdraft.bench.measure import build_models
+    from blockdraft.bench.shapes import target_config
+    from blockdraft.bench.synthetic import SyntheticDataset
+    from blockdraft.config import build_config
+    from blockdraft.data import BatchSampler, Prefetcher
+    from blockdraft.train.hotpath import HotPath, graphs_compiled
+
+    cfg = build_config({"target": {"path": "<tiny>"}, "drafter": {"num_layers": 1, "num_taps": 2},
+                        "data": {"max_len": 256, "tokens_per_batch": 512},
+                        "noise": {"std": 0.05, "schedule": "cosine", "final_std": 0.0},
+                        "train": {"device": "cpu", "compile": True, "num_anchors": 16}}, [])
+    device = torch.device("cpu")
+    torch.manual_seed(0)
+    target, drafter = build_models(cfg, target_config("tiny", None), device)
+    hot = HotPath(target, drafter, cfg, device, fast=True)
+    hot.attention = "sdpa"  # the dense mask is an input of the compiled forward
+    assert hot.compile and hot.shapes is not None
+    data = SyntheticDataset("mix", 256, 512, 500, median=90, sigma=0.7)
+    counts, shapes = [], set()
+    with Prefetcher(data, BatchSampler(data.lengths, cfg.data, seed=0), depth=2, pin_memory=False,
+                    prepare=hot.prepare) as prefetcher:
+        before = graphs_compiled()
+        for k in range(1, 9):
+            batch = hot.to_device(prefetcher.next())
+            hot.accumulate([batch], k, 0, 0.05 if k < 6 else 0.0)  # the schedule's end: no noise
+            drafter.zero_grad(set_to_none=True)
+            counts.append(graphs_compiled() - before)
+            shapes |= {(p.packed.input_ids.shape[0], p.packed.padded_blocks) for p in batch.passes}
+    assert len(shapes) >= 3  # a real mix of block counts
+    assert counts[-1] == counts[3] > 0, counts  # nothing compiled after the 4th update
