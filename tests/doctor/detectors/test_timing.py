@@ -122,3 +122,11 @@ def test_late_recompiles_in_a_synthetic_run(run_factory):
     (found,) = find(findings, "late_recompile")
     assert found.severity == "warning" and found.evidence["updates"] >= 3
     assert found.steps == run.planted[0].steps and "logging_gap" not in codes(findings)
+
+
+def test_a_resumed_process_compiling_more_than_the_first_is_still_in_warm_up():
+    recs = step_records(300)
+    for r in recs:
+        r["graphs_compiled"] = min(r["step"], 3) if r["step"] <= 150 else 10 + min(r["step"] - 150, 4)
+    recs.insert(150, {"kind": "run_start", "step": 150, "time": 149.5, "resumed_from": 150})
+    assert "late_recompile" not in codes(diagnose(log_of(recs)))

@@ -269,6 +269,10 @@ def late_recompile(ctx: Context) -> list[Finding]:
     prev = np.concatenate([[np.nan], g[:-1]])
     with np.errstate(invalid="ignore"):
         new_process = np.concatenate([[True], ~(g[1:] >= g[:-1])])  # the first row, and after a fall
+    starts = _marker_steps(ctx, "run_start")  # a resume's first row, even if its count did not fall
+    if len(starts):
+        before = np.concatenate([[-np.inf], ctx.step[:-1]])
+        new_process |= np.searchsorted(starts, ctx.step, side="left") > np.searchsorted(starts, before, side="left")
     since = np.arange(ctx.n) - np.maximum.accumulate(np.where(new_process, np.arange(ctx.n), 0))
     rows = np.flatnonzero(grew & (since >= WARMUP_UPDATES))
     if not len(rows):
