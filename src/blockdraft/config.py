@@ -102,6 +102,16 @@ class TrainConfig(Section):
     max_minutes: float | None = Field(None, gt=0, description="stop (and save) after this wall time")
     grad_accum: int = Field(1, ge=1)
     num_anchors: int = Field(512, ge=1, description="blocks per sequence, at most")
+    anchors_per_token: float | None = Field(
+        None, gt=0, description="blocks per assistant token of a sequence (rounded up, capped by num_anchors); "
+        "None: num_anchors alone")
+    shape_classes: bool | Literal["auto"] = Field(
+        "auto", description="pad each pass's packed length and block count to a bounded ladder of sizes, so a "
+        "length mix stops recompiling after warm-up (auto: when the drafter is compiled); train/shapes.py")
+    context_class_ratio: float = Field(2**0.5, ge=1, description="packed-length ladder: multiples of 256, then "
+                                       "this ratio between classes")
+    block_class_ratio: float = Field(2**0.125, ge=1, description="block-count ladder: multiples of 128/B blocks, "
+                                     "then this ratio between classes")
     max_blocks_per_pass: int | None = Field(
         None, ge=1, description="split a micro-batch above this many blocks; default 1536 with flex attention "
         "(GPU), num_anchors with the dense mask (CPU), whose cost grows with the square of a pass")

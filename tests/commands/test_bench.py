@@ -52,3 +52,45 @@ def test_bench_under_torchrun_counts_every_ranks_tokens():
     assert full["tokens_per_step"] == 2 * 2 * 128  # 2 ranks x 2 samples x 128 tokens
     assert full["tokens_per_s_per_gpu"] == pytest.approx(full["tokens_per_s"] / 2)
     assert report["checkpoint_stall"] is None  # data-parallel saves go through dcp, not measured here
+
+
+def test_bench_counts_supervised_blocks_and_wall_time_consistently(capsys):
+    """A mix of short samples: tokens and blocks per second at the median update and over the whole
+    window, blocks per 1k tokens linking them, the slow updates and the graphs compiled."""
+    rc = main(["bench", "--target-shape", "tiny", "--lengths", "mix", "--steps", "8", "--warmup", "1",
+               "--seq-len", "128", "--micro-batch", "2", "--mix-median", "60", "--mix-sigma", "0.6", "--device", "cpu",
+               "--no-check", "--json", "train.num_anchors=16", "train.anchors_per_token=0.25"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    (mix,) = report["profiles"]
+    assert report["env"]["anchors_per_token"] == 0.25
+    assert report["env"]["mix"] == {"median": 60, "sigma": 0.6, "max": 128}
+    assert mix["steps"] == 8 and mix["tokens"] > 0 and mix["blocks"] > 0
+    assert mix["blocks_per_1k_tokens"] == pytest.approx(1000 * mix["blocks"] / mix["tokens"])
+    assert mix["blocks_per_s"] == pytest.approx(mix["tokens_per_s"] * mix["blocks_per_1k_tokens"] / 1000)
+    assert mix["tokens_per_s_wall"] == pytest.approx(mix["tokens"] / mix["wall_s"])
+    assert mix["blocks_per_s_wall"] == pytest.approx(mix["blocks"] / mix["wall_s"])
+    assert mix["wall_over_median"] == pytest.approx(mix["tokens_per_s_wall"] / mix["tokens_per_s"])
+    assert mix["wall_s"] >= mix["steps"] * mix["step_time_s"] / 2  # the median update times the count, roughly
+    # 0.25 blocks per answer token, rounded up per sample (samples have 64 tokens at least)
+    assert 100 < mix["blocks_per_1k_tokens"] <= 250 + 1000 / 64
+    assert mix["slow_steps"] == len(mix["slow_step_list"])
+    for slow in mix["slow_step_list"]:
+        assert slow["time_s"] > 2 * mix["step_time_s"] and 2 <= slow["update"] <= 9
+    assert mix["graphs_compiled"] == 0 and mix["graphs_compiled_total"] == 0 and mix["last_compile_update"] is None
+
+
+def test_summary_names_the_slow_updates_and_the_last_compile():
+    from blockdraft.bench.measure import summarize_rows
+
+    rows = [{"update": k, "step_time": 1.0, "wait": 0.0, "tokens": 1000, "padded": 1100, "blocks": 400,
+             "graphs": 7, "flops_target": 1e12, "flops_drafter": 1e12, "loss": 1.0} for k in range(11, 21)]
+    rows[3]["step_time"] = 30.0  # a recompile inside the window
+    for r in rows[3:]:
+        r["graphs"] = 9
+    out = summarize_rows(rows, 0.5, None, 1, graphs_before=7)
+    assert out["slow_steps"] == 1 and out["slow_step_list"] == [
+        {"update": 14, "time_s": 30.0, "over_median": 30.0, "graphs_compiled": 2}]
+    assert out["graphs_compiled"] == 2 and out["graphs_compiled_total"] == 9 and out["last_compile_update"] == 14
+    assert out["tokens_per_s"] == 1000 and out["tokens_per_s_wall"] == pytest.approx(10_000 / 39)
+    assert out["blocks_per_s"] == 400 and out["blocks_per_1k_tokens"] == 400

@@ -52,3 +52,19 @@ def test_a_micro_batch_costs_the_padded_target_forward_plus_the_drafter_work():
     assert batch_cost(np.array([1, 0, 2]), costs) == pytest.approx(expected, rel=1e-12)
     tokens = cost.token_costs(lengths)
     assert batch_cost(np.array([1, 0, 2]), tokens) == 150  # padded tokens
+
+
+def test_flop_costs_follow_the_anchor_density():
+    """With train.anchors_per_token a sample's blocks (hence its cost) are capped by its answer tokens."""
+    from blockdraft.data.cost import flop_costs
+
+    raw = {"target": {"path": "unused"}, "drafter": {"num_layers": 1, "block_size": 4}}
+    cfg = build_config(raw, [])
+    dense = build_config(raw, ["train.anchors_per_token=0.1"])
+    hf = SimpleNamespace(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         intermediate_size=64, vocab_size=320, num_hidden_layers=4)
+    lengths, cands, sums, answers = np.array([100, 100]), np.array([8, 8]), np.array([400.0, 400.0]), np.array([90, 20])
+    plain = flop_costs(lengths, cands, sums, hf, cfg, [1, 2], answers).work
+    fewer = flop_costs(lengths, cands, sums, hf, dense, [1, 2], answers).work
+    assert plain[0] == plain[1] and fewer[0] == plain[0]  # 9 blocks allowed >= 8 candidates
+    assert fewer[1] < plain[1]  # 2 blocks instead of 8

@@ -138,6 +138,7 @@ class _Sim:
             self.resume_at = int(rng.integers(2 * self.save_every, n - self.save_every))
         self.window = int(rng.integers(5, 20)) if style == "windowed" else 1
         self.artifacts: list[int] = []
+        self.graphs: np.ndarray | None = None  # graphs_compiled, when a plant logs it
 
     # ---- clean run -------------------------------------------------------------------------
     def _buckets(self) -> None:
@@ -344,6 +345,16 @@ class _Sim:
     def plant_loss_decay_gamma(self) -> None:
         self.gamma = 4.0 if self.block_size == 16 else 7.0
         self.planted.append(Planted("loss_decay_gamma", (1, self.n)))
+
+    def plant_late_recompile(self) -> None:
+        """Graphs compiled long after warm-up (a new shape reached the compiled forward): ~30 s stalls."""
+        at = np.sort(self.rng.choice(np.arange(int(0.3 * self.n), int(0.9 * self.n)), 3, replace=False))
+        grow = np.zeros(self.n)
+        grow[:5] = 2.0  # warm-up compiles
+        grow[at] = 1.0
+        self.graphs = np.cumsum(grow)
+        self.step_time[at] += 30.0
+        self.planted.append(Planted("late_recompile", (int(at[0]) + 1, int(at[-1]) + 1), "warning"))
 
     def plant_queue_drain(self) -> None:
         rng = self.rng
@@ -591,6 +602,7 @@ class _Sim:
             "tok_per_s": lists["tps"][i],
             "mfu": None,
             "mem_gb": None,
+            **({"graphs_compiled": int(self.graphs[i])} if self.graphs is not None else {}),
         }
 
     def _run_start(self, time: float) -> dict[str, Any]:

@@ -86,3 +86,52 @@ def test_a_batch_without_candidates_gets_one_block_without_labels():
     _, p, b = make(loss_mask, torch.tensor([10]))
     assert p.num_blocks == 0
     assert b.anchors.shape == (1,) and not b.label_mask.any()
+
+
+def _three_answers():
+    """Answers of 32, 22 and 10 tokens in sequences of 40, 25 and 12."""
+    lengths, t = torch.tensor([40, 25, 12]), 40
+    mask = torch.zeros(3, t, dtype=torch.bool)
+    mask[0, 8:40], mask[1, 3:25], mask[2, 2:12] = True, True, True
+    return torch.arange(3 * t).view(3, t) % 90 + 1, mask, lengths
+
+
+def test_the_default_density_draws_the_anchors_it_always_drew():
+    ids, mask, lengths = _three_answers()
+    p = pack(ids, mask, lengths, 4, 6)
+    b = sample_blocks(p, 4, 6, MASK, torch.Generator().manual_seed(7))
+    # recorded from the sampler before anchors_per_token and shape classes existed
+    assert b.anchors.tolist() == [10, 11, 13, 16, 31, 35, 44, 45, 47, 50, 51, 52, 67, 69, 70, 71, 72, 73]
+
+
+def test_anchors_per_token_gives_short_answers_fewer_blocks_and_num_anchors_still_caps():
+    ids, mask, lengths = _three_answers()
+    p = pack(ids, mask, lengths, 4, num_anchors=6, anchors_per_token=0.25)
+    b = sample_blocks(p, 4, 6, MASK, torch.Generator().manual_seed(7))
+    # ceil(0.25 x answer tokens), capped by 6 and by the candidates (answer positions whose block fits)
+    assert p.doc_blocks.tolist() == [6, 6, 3, 0]  # 32 -> 8 -> 6; 22 -> 6 (5.5 up); 10 -> 3
+    assert b.doc.tolist() == [0] * 6 + [1] * 6 + [2] * 3 and p.num_blocks == 15
+    assert b.label_mask.any(dim=1).all()
+    long = pack(ids, mask, lengths, 4, num_anchors=100, anchors_per_token=0.1)
+    assert long.doc_blocks.tolist() == [4, 3, 1, 0]  # 3.2 -> 4, 2.2 -> 3, 1.0 -> 1
+    few = sample_blocks(long, 4, 100, MASK, torch.Generator().manual_seed(7))
+    assert torch.bincount(few.doc, minlength=3).tolist() == [4, 3, 1]
+    assert len(set(few.anchors.tolist())) == 8  # without replacement
+
+
+def test_shape_classes_pad_the_pass_but_keep_its_anchors_and_labels():
+    from blockdraft.train.shapes import ShapeClasses
+
+    ids, mask, lengths = _three_answers()
+    plain = pack(ids, mask, lengths, 4, 6)
+    padded = pack(ids, mask, lengths, 4, 6, shapes=ShapeClasses(4))
+    assert plain.input_ids.shape[0] == plain.real_tokens == padded.real_tokens == 77
+    assert padded.input_ids.shape[0] == 256 and padded.padded_blocks == 32  # 128 // B = 32 blocks a step
+    assert (padded.doc[77:] == 3).all() and not padded.candidates[77:].any()
+    a = sample_blocks(plain, 4, 6, MASK, torch.Generator().manual_seed(7))
+    b = sample_blocks(padded, 4, 6, MASK, torch.Generator().manual_seed(7))
+    v = a.anchors.shape[0]
+    assert b.anchors.shape[0] == 32 and b.anchors[:v].tolist() == a.anchors.tolist()
+    for name in ("doc", "tokens", "positions", "labels", "label_mask"):
+        assert getattr(b, name)[:v].tolist() == getattr(a, name).tolist(), name
+    assert (b.doc[v:] == -1).all() and not b.label_mask[v:].any()  # filler: no context, no label

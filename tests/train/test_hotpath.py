@@ -87,7 +87,7 @@ def test_a_placeholder_pass_adds_nothing_to_the_update(tiny_config):
     v1, _ = trainer.hot.accumulate([batch], step=1, rank=0, noise_std=0.0)
     g1 = [p.grad.clone() for p in trainer.drafter.parameters()]
     trainer.drafter.zero_grad(set_to_none=True)
-    batch.passes.append(Pass.placeholder(batch.passes[-1]))
+    batch.passes.append(Pass.placeholder(batch.passes[-1], trainer.cfg.drafter.block_size, trainer.hot.shapes))
     v2, _ = trainer.hot.accumulate([batch], step=1, rank=0, noise_std=0.0)
     torch.testing.assert_close(v2, v1)
     for a, b in zip(g1, [p.grad for p in trainer.drafter.parameters()], strict=True):

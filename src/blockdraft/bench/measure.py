@@ -2,6 +2,12 @@
 
 The same `HotPath`, sampler and prefetcher as `blockdraft train`, so its tokens/s, MFU split,
 memory and checkpoint stall are what a real run of that shape would see.
+
+Work is counted two ways, so trainers and settings compare at equal supervision: real tokens and
+supervised blocks (blocks with at least one label), each per second at the median update
+(`tokens_per_s`, `blocks_per_s`) and over the whole measured window, stalls included
+(`tokens_per_s_wall`, `blocks_per_s_wall`); `blocks_per_1k_tokens` links them. A recompile shows as
+`graphs_compiled` growing while measuring and as a slow update (over 2x the median) in `slow_steps`.
 """
 
 from __future__ import annotations
@@ -66,26 +72,29 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def draft_work(packed, num_anchors: int) -> DraftWork:
-    """The drafter's work in one (host-side) pass; the context each block sees is taken at its
-    expectation, the mean candidate position of its sequence (anchors are uniform over them)."""
-    n = int(packed.doc.max()) + 1
+def draft_work(packed) -> DraftWork:
+    """The drafter's useful work in one (host-side) pass: real tokens and blocks, not the shape-class
+    filler; the context each block sees is taken at its expectation, the mean candidate position of
+    its sequence (anchors are uniform over them)."""
+    n = packed.doc_blocks.shape[0]  # the sequences, and the filler's (no candidates, no blocks)
     cand = packed.candidates.double()
     counts = torch.zeros(n, dtype=torch.float64).index_add_(0, packed.doc, cand)
     pos_sum = torch.zeros(n, dtype=torch.float64).index_add_(0, packed.doc, cand * packed.pos.double())
-    blocks = counts.clamp(max=num_anchors)
+    blocks = packed.doc_blocks.double()
     seen = float((blocks * pos_sum / counts.clamp(min=1)).sum())
-    return DraftWork(int(packed.input_ids.shape[0]), int(blocks.sum()), seen, 0)
+    return DraftWork(packed.real_tokens, int(blocks.sum()), seen, 0)
 
 
 def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: float | None, world) -> dict[str, Any]:
     from blockdraft.data import BatchSampler, Prefetcher
     from blockdraft.train.distributed import sum_over_ranks
+    from blockdraft.train.hotpath import graphs_compiled
     from blockdraft.train.loss import StepSums
 
     device = hot.device
     count = max(4096, (args.steps + args.warmup + 2) * args.micro_batch * cfg.train.grad_accum * 4)
-    dataset = SyntheticDataset(profile, args.seq_len, hf_cfg.vocab_size, count)
+    dataset = SyntheticDataset(profile, args.seq_len, hf_cfg.vocab_size, count, median=args.mix_median,
+                               sigma=args.mix_sigma)
     sampler = BatchSampler(dataset.lengths, cfg.data, seed=cfg.train.seed, rank=world.rank, world_size=world.size)
 
     t_dims, d_dims = Dims.of(hf_cfg), Dims.of(hot.drafter.config)
@@ -96,14 +105,14 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
                     prepare=hot.prepare) as prefetcher:
         for k in range(1, args.warmup + args.steps + 1):
             if k == args.warmup + 1:
-                graphs_before = _graphs_compiled()
+                graphs_before = graphs_compiled()
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
             _sync(device)
             t0 = time.perf_counter()
             micro = [prefetcher.next() for _ in range(cfg.train.grad_accum)]
             wait = time.perf_counter() - t0
-            work = [draft_work(p.packed, cfg.train.num_anchors) for mb in micro for p in mb.passes]
+            work = [draft_work(p.packed) for mb in micro for p in mb.passes]
             lengths = [int(n) for mb in micro for n in mb.lengths.tolist()]
             padded = sum(mb.padded_tokens for mb in micro)
             micro = [hot.to_device(mb) for mb in micro]
@@ -122,29 +131,22 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
                                      hot.drafter.config.num_hidden_layers, taps, hot.drafter.block_size,
                                      hf_cfg.vocab_size) for w in work)
             fl_d += 2 * 2 * labels * d_dims.hidden * hf_cfg.vocab_size  # lm_head: forward + input gradient
-            rows.append({"step_time": step_time, "wait": wait, "tokens": all_tokens, "padded": all_padded,
+            rows.append({"update": k, "step_time": step_time, "wait": wait, "tokens": all_tokens,
+                         "padded": all_padded, "blocks": sums.blocks, "graphs": graphs_compiled(),
                          "passes": len(work),
                          "flops_target": fl_t, "flops_drafter": fl_d, "loss": sums.loss})
             if len(kept) < 4:
                 kept.append(micro)
-        graphs = _graphs_compiled() - graphs_before
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
         target_time = time_target(hot, kept)
-    result = summarize_rows(rows, target_time, peak, world.size)
-    result.update(profile=profile, peak_mem_gb=mem, graphs_compiled=graphs, micro_batches_per_step=cfg.train.grad_accum,
+    result = summarize_rows(rows, target_time, peak, world.size, graphs_before)
+    result.update(profile=profile, peak_mem_gb=mem, micro_batches_per_step=cfg.train.grad_accum,
                   passes_per_step=statistics.mean(r["passes"] for r in rows))
     if args.profile:
         write_profile(hot, kept[0], args.profile, profile)
     if not args.no_check:
         result["check"] = check_fast_against_plain(hot, cfg, dataset)
     return result
-
-
-def _graphs_compiled() -> int:
-    """Graphs torch.compile has made so far in this process: growth while measuring means recompiles."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
 
 
 def time_target(hot, kept: list) -> float:
@@ -162,11 +164,23 @@ def time_target(hot, kept: list) -> float:
     return statistics.median(times) if times else 0.0
 
 
-def summarize_rows(rows: list[dict[str, float]], target_time: float, peak: float | None, world_size: int = 1) -> dict:
-    """Tokens count every rank's; FLOPs (hence TFLOP/s and MFU) are this rank's, i.e. per GPU."""
+def summarize_rows(
+    rows: list[dict[str, float]], target_time: float, peak: float | None, world_size: int = 1, graphs_before: int = 0,
+) -> dict:
+    """Tokens and blocks count every rank's; FLOPs (hence TFLOP/s and MFU) are this rank's, i.e. per GPU.
+    Per-second rates at the median update use the median tokens per update; blocks follow the tokens
+    at the window's blocks per token, so blocks_per_s = tokens_per_s * blocks_per_1k_tokens / 1000."""
     step = statistics.median(r["step_time"] for r in rows)
     tokens = statistics.median(r["tokens"] for r in rows)
     wall = sum(r["step_time"] for r in rows)
+    total_tokens, total_blocks = sum(r["tokens"] for r in rows), sum(r["blocks"] for r in rows)
+    per_1k = 1000 * total_blocks / max(total_tokens, 1)
+    graphs = [graphs_before] + [r["graphs"] for r in rows]
+    compiled = [(r["update"], after - before) for r, before, after in zip(rows, graphs[:-1], graphs[1:], strict=True)
+                if after > before]
+    slow = [{"update": r["update"], "time_s": round(r["step_time"], 3), "over_median": round(r["step_time"] / step, 2),
+             "graphs_compiled": after - before}
+            for r, before, after in zip(rows, graphs[:-1], graphs[1:], strict=True) if r["step_time"] > 2 * step]
     fl_t = statistics.median(r["flops_target"] for r in rows)
     fl_d = statistics.median(r["flops_drafter"] for r in rows)
     tflops = (fl_t + fl_d) / step / 1e12
@@ -174,8 +188,19 @@ def summarize_rows(rows: list[dict[str, float]], target_time: float, peak: float
         "steps": len(rows),
         "tokens_per_s": tokens / step,
         "tokens_per_s_per_gpu": tokens / step / world_size,
-        "tokens_per_s_wall": sum(r["tokens"] for r in rows) / wall,
-        "slow_steps": sum(r["step_time"] > 2 * step for r in rows),
+        "tokens_per_s_wall": total_tokens / wall,
+        "wall_over_median": total_tokens / wall / (tokens / step),
+        "blocks_per_s": tokens / step * per_1k / 1000,
+        "blocks_per_s_wall": total_blocks / wall,
+        "blocks_per_1k_tokens": per_1k,
+        "blocks": total_blocks,
+        "tokens": total_tokens,
+        "wall_s": wall,
+        "slow_steps": len(slow),
+        "slow_step_list": slow[:50],
+        "graphs_compiled": graphs[-1] - graphs_before,
+        "graphs_compiled_total": graphs[-1],
+        "last_compile_update": compiled[-1][0] if compiled else None,
         "step_time_s": step,
         "tokens_per_step": tokens,
         "pad_frac": 1 - sum(r["tokens"] for r in rows) / sum(r["padded"] for r in rows),

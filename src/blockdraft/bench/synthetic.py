@@ -2,8 +2,9 @@
 
 Two length profiles, both with a prompt (no loss) followed by an assistant answer:
   full  every sample exactly `seq_len` tokens, 10% prompt: the peer trainers' padded setting.
-  mix   chat-like lengths: log-normal with median 900 tokens and sigma 0.8, clipped to [64, seq_len],
-        prompt share uniform in [5%, 40%]: what a real regenerated dataset looks like.
+  mix   chat-like lengths: log-normal with median 900 tokens and sigma 0.8 (`--mix-median`,
+        `--mix-sigma`), clipped to [64, seq_len], prompt share uniform in [5%, 40%]: what a real
+        regenerated dataset looks like.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ MIX_MEDIAN, MIX_SIGMA, MIX_MIN = 900, 0.8, 64
 class SyntheticDataset:
     """The two things the sampler and the prefetcher read: `lengths` and `sample(i)`."""
 
-    def __init__(self, profile: str, seq_len: int, vocab_size: int, count: int, seed: int = 0) -> None:
+    def __init__(self, profile: str, seq_len: int, vocab_size: int, count: int, seed: int = 0,
+                 median: float = MIX_MEDIAN, sigma: float = MIX_SIGMA) -> None:
         rng = np.random.default_rng(seed)
         if profile == "full":
             self.lengths = np.full(count, seq_len, dtype=np.int64)
             self.prompt = np.full(count, seq_len // 10, dtype=np.int64)
         else:
-            raw = rng.lognormal(np.log(MIX_MEDIAN), MIX_SIGMA, count)
+            raw = rng.lognormal(np.log(median), sigma, count)
             self.lengths = np.clip(raw, MIX_MIN, seq_len).astype(np.int64)
             self.prompt = (self.lengths * rng.uniform(0.05, 0.40, count)).astype(np.int64)
         self.vocab_size = vocab_size

@@ -1,9 +1,11 @@
 """`blockdraft bench [--target-shape qwen3-8b | --target DIR] [--lengths full,mix] [key=value ...]`.
 
 Runs the training hot path (the same `HotPath`, sampler and prefetcher as `blockdraft train`) on a
-target with random weights and synthetic batches, and reports tokens/s in real (unpadded) tokens,
-step time, MFU split into target forward and drafter, peak memory, data-wait share, checkpoint stall,
-and the loss of the fast path against the plain path on the same batch.
+target with random weights and synthetic batches, and reports tokens/s in real (unpadded) tokens and
+supervised blocks/s, both at the median update and over the whole window (stalls included), the
+graphs compiled and the slow updates while measuring, step time, MFU split into target forward and
+drafter, peak memory, data-wait share, checkpoint stall, and the loss of the fast path against the
+plain path on the same batch. On a GPU it measures 100 updates a profile by default, after 12 of warm-up.
 
 Under torchrun (one process per GPU) the drafter is wrapped as in training (`train.parallel`, DDP by
 default), each rank draws its own batches, and tokens/s counts every rank's real tokens: the
@@ -32,8 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", default="full,mix", help="length profiles: full (all seq-len), mix (chat-like)")
     p.add_argument("--seq-len", type=int, default=3072)
     p.add_argument("--micro-batch", type=int, default=2, help="token budget = micro-batch x seq-len per micro-batch")
-    p.add_argument("--steps", type=int, default=20, help="measured updates per profile")
-    p.add_argument("--warmup", type=int, default=6, help="updates before measuring (compilation happens here)")
+    p.add_argument("--mix-median", type=float, default=900.0, help="median sample length of the mix profile")
+    p.add_argument("--mix-sigma", type=float, default=0.8, help="log-normal sigma of the mix profile's lengths")
+    p.add_argument("--steps", type=int, default=None,
+                   help="measured updates per profile (default 100 on a GPU, 20 on CPU)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="updates before measuring, where compilation happens (default 12 on a GPU, 6 on CPU)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--peak-tflops", type=float, default=None, help="for MFU; default from the GPU name")
     p.add_argument("--no-check", action="store_true", help="skip the fast-vs-plain loss check")
@@ -63,9 +69,10 @@ def render(report: dict[str, Any]) -> None:
     console.print(f"[bold]blockdraft bench[/] {env['target']} on {gpus}{env['device_name']}: drafter {env['drafter']}, "
                   f"torch {env['torch']}; nominal peak {env['peak_tflops'] or '-'} TFLOP/s, "
                   f"measured bf16 matmul {_fmt(env['matmul_tflops'], '.0f')} TFLOP/s")
-    table = Table(caption="medians over the measured steps; slow steps (over 2x the median) and graphs compiled "
-                          "while measuring show recompiles; tokens_per_s_wall in --json counts them in")
-    for col in ("lengths", "tokens/s (real)", "per GPU", "slow steps", "graphs compiled", "step s", "tokens/step",
+    table = Table(caption="medians over the measured steps; wall = the whole window, stalls included; slow steps "
+                          "(over 2x the median) and graphs compiled while measuring show recompiles")
+    for col in ("lengths", "updates", "tokens/s (real)", "wall", "per GPU", "blocks/s", "blocks/1k tok", "slow steps",
+                "graphs compiled", "step s", "tokens/step",
                 "pad", "TFLOP/s", "MFU",
                 "MFU target", "MFU drafter", "target share", "data wait", "peak GB", "fast vs plain"):
         table.add_column(col, justify="right")
@@ -74,8 +81,10 @@ def render(report: dict[str, Any]) -> None:
         verdict = "-" if not check else ("ok" if check.get("ok") else "FAIL" if check.get("ok") is False else "n/a")
         if "loss_rel_diff" in check:
             verdict += f" ({check['loss_rel_diff']:.1e})"
-        table.add_row(r["profile"], f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
-                      str(r["slow_steps"]), str(r["graphs_compiled"]), f"{r['step_time_s']:.3f}",
+        table.add_row(r["profile"], str(r["steps"]), f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s_wall']:,.0f}",
+                      f"{r['tokens_per_s_per_gpu']:,.0f}", f"{r['blocks_per_s']:,.0f}",
+                      f"{r['blocks_per_1k_tokens']:.0f}", str(r["slow_steps"]), str(r["graphs_compiled"]),
+                      f"{r['step_time_s']:.3f}",
                       f"{r['tokens_per_step']:,.0f}", f"{r['pad_frac']:.1%}", f"{r['tflops']:.0f}",
                       _fmt(r["mfu"], ".1%"), _fmt(r["mfu_target"], ".1%"), _fmt(r["mfu_drafter"], ".1%"),
                       f"{r['target_time_share']:.0%}", f"{r['data_wait_share']:.1%}", _fmt(r["peak_mem_gb"], ".1f"),
@@ -108,10 +117,15 @@ def run(args: argparse.Namespace) -> int:
     profiles = [p.strip() for p in args.lengths.split(",") if p.strip()]
     if not profiles or any(p not in ("full", "mix") for p in profiles):
         raise UserError(f"--lengths takes full and/or mix, not {args.lengths!r}")
-    if args.steps < 1 or args.warmup < 0 or args.micro_batch < 1:
-        raise UserError("--steps and --micro-batch must be at least 1, --warmup at least 0")
     cfg = bench_config(args)
-    world, device = distributed.init(pick_device(cfg.train.device), cfg.train.dist_timeout_s)
+    picked = pick_device(cfg.train.device)
+    gpu = picked.type == "cuda"
+    args.steps = args.steps if args.steps is not None else (100 if gpu else 20)
+    args.warmup = args.warmup if args.warmup is not None else (12 if gpu else 6)
+    if args.steps < 1 or args.warmup < 0 or args.micro_batch < 1 or args.mix_median < 1 or args.mix_sigma < 0:
+        raise UserError("--steps, --micro-batch and --mix-median must be at least 1, --warmup and --mix-sigma "
+                        "at least 0")
+    world, device = distributed.init(picked, cfg.train.dist_timeout_s)
     hf_cfg = target_config(args.target_shape, args.target)
     torch.manual_seed(cfg.train.seed)
     target, drafter = build_models(cfg, hf_cfg, device)
@@ -126,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
         "seq_len": args.seq_len, "micro_batch": args.micro_batch, "torch": torch.__version__,
         "peak_tflops": peak, "matmul_tflops": matmul_tflops(device), "fast_path": hot.attention == "flex",
         "compile": hot.compile, "bf16": hot.use_bf16, "date": time.strftime("%Y-%m-%d"),
+        "shape_classes": hot.shapes is not None, "anchors_per_token": cfg.train.anchors_per_token,
+        "mix": {"median": args.mix_median, "sigma": args.mix_sigma, "max": args.seq_len},
         "world_size": world.size, "parallel": cfg.train.parallel if world.distributed else None,
     }
     optimizer = build_optimizer(drafter.parameters(), cfg.optim, device)

@@ -73,10 +73,11 @@ def _linear_terms(fn: Any, arity: int) -> list[float]:
 
 def flop_costs(
     lengths: np.ndarray, candidates: np.ndarray, candidate_pos_sums: np.ndarray, hf_cfg: Any, cfg: Config,
-    layer_ids: list[int],
+    layer_ids: list[int], answer_tokens: np.ndarray | None = None,
 ) -> SampleCosts:
     """Model FLOPs of each sample (training: forward and backward of the drafter, forward of the target
-    up to its last tapped layer) for the run `cfg` on the target whose HF config is `hf_cfg`."""
+    up to its last tapped layer) for the run `cfg` on the target whose HF config is `hf_cfg`;
+    `answer_tokens` (loss tokens per sample) is needed with `train.anchors_per_token`."""
     d, b = cfg.drafter, cfg.drafter.block_size
     target = Dims.of(hf_cfg)
     drafter = Dims(target.hidden, target.heads, target.kv_heads, target.head_dim,
@@ -87,6 +88,9 @@ def flop_costs(
     c_len, c_blocks, c_seen, c_labels = _linear_terms(
         lambda *w: drafter_flops(DraftWork(*w), drafter, d.num_layers, len(layer_ids), b, hf_cfg.vocab_size), 4)
     blocks = np.minimum(candidates, cfg.train.num_anchors).astype(np.float64)
+    density = cfg.train.anchors_per_token
+    if density is not None and answer_tokens is not None:  # as train.blocks.anchor_cap
+        blocks = np.minimum(blocks, np.maximum(np.ceil(answer_tokens * density - 1e-9), 1))
     seen = blocks * candidate_pos_sums / np.maximum(candidates, 1)
     work = c_len * lengths + c_blocks * blocks + c_seen * seen + c_labels * blocks * (b - 1)
     return SampleCosts("flops", per_width[inverse], work)
@@ -97,4 +101,8 @@ def dataset_costs(dataset: TokenizedDataset, hf_cfg: Any, cfg: Config, layer_ids
     if cfg.data.batch_cost == "tokens":
         return token_costs(dataset.lengths)
     counts, pos_sums = anchor_candidates(dataset, cfg.drafter.block_size)
-    return flop_costs(dataset.lengths, counts, pos_sums, hf_cfg, cfg, layer_ids)
+    answers = None
+    if cfg.train.anchors_per_token is not None:
+        starts = np.asarray(dataset.offsets[:-1], dtype=np.int64)
+        answers = np.add.reduceat(dataset.mask, starts, dtype=np.int64) if len(dataset.mask) else starts * 0
+    return flop_costs(dataset.lengths, counts, pos_sums, hf_cfg, cfg, layer_ids, answers)

@@ -48,6 +48,7 @@ def unchecked(run: LoggedRun) -> dict[str, str]:
     need("loss_decay_gamma", run.block_size is not None, "the block size" + config_hint)
     need("queue_drain", "queue_depth" in has, "a queue depth field")
     need("data_wait", {"data_wait", "step_time"} <= has, "data_wait and step_time fields")
+    need("late_recompile", "graphs_compiled" in has, "a graphs_compiled field")
     need("epoch_accounting", bool(has & {"epoch", "epoch_pos", "epoch_progress", "progress"}), "an epoch field")
     need("tau_gap", bool(run.of_kind("eval")), "eval records")
     need("data_repetition", "epoch" in has, "an epoch field")

@@ -32,6 +32,7 @@ STEP_FIELDS = (
     "data_wait",
     "queue_depth",
     "tok_per_s",
+    "graphs_compiled",
     "kl",
     "window",
 )

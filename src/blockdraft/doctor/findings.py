@@ -36,6 +36,7 @@ CODES = (
     "plateau",
     "tau_gap",
     "data_repetition",
+    "late_recompile",
 )
 
 

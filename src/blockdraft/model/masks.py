@@ -22,10 +22,11 @@ MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tor
 
 def visibility(anchors: torch.Tensor, block_doc: torch.Tensor, context_doc: torch.Tensor, block_size: int) -> MaskMod:
     """anchors, block_doc: [V] packed anchor index and sequence of each block; context_doc: [L]
-    sequence of each context token. Returns mask_mod(b, h, q_idx, kv_idx) -> bool."""
-    context_len = context_doc.shape[0]
+    sequence of each context token. Returns mask_mod(b, h, q_idx, kv_idx) -> bool.
+    The context length is read inside (not captured as an int), so it stays symbolic under compile."""
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        context_len = context_doc.shape[0]
         q_block = q_idx // block_size
         is_context = kv_idx < context_len
         same_doc = context_doc[kv_idx.clamp(max=context_len - 1)] == block_doc[q_block]

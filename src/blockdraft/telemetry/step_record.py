@@ -36,6 +36,7 @@ class StepRecord(TypedDict):
     tok_per_s: float
     mfu: float | None
     mem_gb: float | None
+    graphs_compiled: int  # graphs torch.compile has made in this process so far: growth late = a recompile stall
 
 
 STEP_RECORD_FIELDS: tuple[str, ...] = tuple(StepRecord.__annotations__)

@@ -9,6 +9,8 @@ Per micro-batch, all on the device and without a host synchronisation:
 Packing happens on the host in the prefetch thread (`prepare`), where the block count is known; a
 micro-batch whose sequences hold more than `train.max_blocks_per_pass` blocks is split into several
 passes (short sequences bring up to num_anchors blocks each, so the token budget does not bound memory).
+When compiled, each pass is padded to its shape class (train/shapes.py): the forward sees a bounded
+set of shapes, so a length mix stops recompiling once its classes have been seen.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from blockdraft.model.masks import dense_mask, flex_block_mask
 from blockdraft.model.target import Target
 from blockdraft.train.blocks import Blocks, Packed, anchor_generator, pack, row_blocks, sample_blocks, split_rows
 from blockdraft.train.loss import MicroStats, add_stats, block_loss, denominator, stats_vector
+from blockdraft.train.shapes import ShapeClasses
+
+RECOMPILE_LIMIT = 64  # dynamo's default 8 would run a forward eager (flex attention unfused) past 8 shapes
 
 
 @dataclass
@@ -40,14 +45,20 @@ class Pass:
     packed: Packed
 
     @staticmethod
-    def placeholder(like: Pass) -> Pass:
+    def placeholder(like: Pass, block_size: int, shapes: ShapeClasses | None) -> Pass:
         """A one-token pass with no label: it adds nothing to the update, but gives a rank with fewer
         passes the same number of forwards and backwards (hence collectives) as the others."""
         ids = like.input_ids[:1, :1]  # [1, 1]
-        zero = torch.zeros(1, dtype=torch.long, device=ids.device)
-        no = torch.zeros(1, dtype=torch.bool, device=ids.device)
-        return Pass(ids, Packed(token_index=zero, input_ids=ids[0], loss_mask=no, doc=zero, pos=zero, candidates=no,
-                                num_blocks=0))
+        packed = pack(ids.cpu(), torch.zeros(1, 1, dtype=torch.bool), torch.tensor([1]), block_size, 1, None, shapes)
+        return Pass(ids, packed.to(ids.device))
+
+
+def graphs_compiled() -> int:
+    """Graphs torch.compile has made so far in this process (0 when nothing is compiled): growth after
+    warm-up is a recompile, a stall of seconds to minutes."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 class DraftForward(nn.Module):
@@ -110,7 +121,14 @@ class HotPath:
         self.compile = fast and (cfg.train.compile is True or (cfg.train.compile == "auto" and device.type == "cuda"))
         dense_cap = cfg.train.num_anchors  # about one sequence per pass: a dense mask costs (V*B) x (L + V*B)
         self.max_blocks = cfg.train.max_blocks_per_pass or (1536 if self.attention == "flex" else dense_cap)
+        classes = cfg.train.shape_classes
+        self.shapes = ShapeClasses(cfg.drafter.block_size, cfg.train.context_class_ratio, cfg.train.block_class_ratio) \
+            if classes is True or (classes == "auto" and self.compile) else None
+        # noise given as a tensor at every update of a run that has any: None at the end of a decaying
+        # schedule would be another graph, compiled late
+        self.noisy = cfg.noise.std > 0 or cfg.noise.final_std > 0
         if self.compile:
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             target.compile_features()
         drafter.checkpoint_layers = cfg.train.activation_checkpointing
         self.module = module if module is not None else DraftForward(drafter)
@@ -125,8 +143,8 @@ class HotPath:
     # ---- batches -----------------------------------------------------------------------------------
     def prepare(self, batch: Batch) -> Batch:
         """Host side, in the prefetch thread: the micro-batch's passes, packed."""
-        b, anchors = self.cfg.drafter.block_size, self.cfg.train.num_anchors
-        counts = row_blocks(batch.loss_mask, batch.lengths, b, anchors).tolist()
+        b, anchors, density = self.cfg.drafter.block_size, self.cfg.train.num_anchors, self.cfg.train.anchors_per_token
+        counts = row_blocks(batch.loss_mask, batch.lengths, b, anchors, density).tolist()
         batch.passes = []
         for rows in split_rows(counts, self.max_blocks):
             index = torch.tensor(rows)
@@ -134,7 +152,7 @@ class HotPath:
             width = int(lengths.max())
             ids, mask = batch.input_ids[index, :width], batch.loss_mask[index, :width]
             ids = ids.pin_memory() if torch.cuda.is_available() else ids
-            batch.passes.append(Pass(ids, pack(ids, mask, lengths, b, anchors)))
+            batch.passes.append(Pass(ids, pack(ids, mask, lengths, b, anchors, density, self.shapes)))
         return batch
 
     def to_device(self, batch: Batch) -> Batch:
@@ -153,22 +171,23 @@ class HotPath:
         length = packed.input_ids.shape[0]
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16):
             taps, final = self.target.features(part.input_ids, final_hidden=need_final)  # [n, T, N*H]
-            taps = taps.flatten(0, 1)[packed.token_index][None]  # [1, L, N*H]: padding dropped
+            taps = taps.flatten(0, 1)[packed.token_index][None]  # [1, L', N*H]: batch padding dropped
             noise = None
-            if noise_std > 0:
-                h = self.drafter.config.hidden_size
-                noise = noise_std * torch.randn((1, length, h), generator=gen, device=self.device)
-            embeds = self.target.embed_tokens(blocks.tokens.view(1, v * b))  # [1, V*B, H]
+            if noise_std > 0 or self.noisy:
+                h, real = self.drafter.config.hidden_size, packed.real_tokens
+                noise = noise_std * torch.randn((1, real, h), generator=gen, device=self.device)  # [1, L, H]
+                noise = torch.cat([noise, noise.new_zeros(1, length - real, h)], dim=1)  # [1, L', H]
+            embeds = self.target.embed_tokens(blocks.tokens.view(1, v * b))  # [1, V'*B, H]
             build = flex_block_mask if self.attention == "flex" else dense_mask
             mask = build(blocks.anchors, blocks.doc, packed.doc, b)
             hidden = self.forward_module()(taps, noise, embeds, blocks.positions.view(1, v * b), packed.pos[None],
                                            mask)
-            hidden = hidden.view(v, b, -1)[:, 1:]  # [V, B-1, H]: block position 0 has no label
+            hidden = hidden.view(v, b, -1)[:, 1:]  # [V', B-1, H]: block position 0 has no label
             target_hidden = None
             if need_final:
                 final = final.flatten(0, 1)[packed.token_index]  # [L, H]
                 before = blocks.anchors[:, None] + torch.arange(b - 1, device=self.device)  # predicts the next
-                target_hidden = final[before.clamp(max=length - 1)]  # [V, B-1, H]
+                target_hidden = final[before.clamp(max=length - 1)]  # [V', B-1, H]
             return block_loss(hidden, self.target.lm_head.weight, blocks.labels, blocks.label_mask, loss_cfg,
                               target_hidden)
 
@@ -185,7 +204,7 @@ class HotPath:
             most = torch.tensor([len(passes)], device=self.device)
             dist.all_reduce(most, op=dist.ReduceOp.MAX)
             keys += [(-1 - rank, i) for i in range(int(most) - len(passes))]  # placeholders: no labels
-            passes += [Pass.placeholder(passes[-1])] * (int(most) - len(passes))
+            passes += [Pass.placeholder(passes[-1], cfg.drafter.block_size, self.shapes)] * (int(most) - len(passes))
         blocks, gens = [], []
         for part, (micro, index) in zip(passes, keys, strict=True):
             g = anchor_generator(cfg.train.seed, step, micro, index, self.device)

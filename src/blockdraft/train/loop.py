@@ -54,7 +54,7 @@ from blockdraft.train.hooks import (
     StopOnSignal,
     TimeBudgetHook,
 )
-from blockdraft.train.hotpath import DraftForward, HotPath
+from blockdraft.train.hotpath import DraftForward, HotPath, graphs_compiled
 from blockdraft.train.loss import summarize
 from blockdraft.train.optimizer import build_optimizer
 from blockdraft.train.state import DataFeed, RngState, TrainState
@@ -224,6 +224,7 @@ class Trainer:
             step_time=step_time, data_wait=data_wait, queue_depth=self.prefetcher.queue_depth,
             tok_per_s=tokens / max(step_time, 1e-9), mfu=None,
             mem_gb=torch.cuda.max_memory_allocated() / 2**30 if self.device.type == "cuda" else None,
+            graphs_compiled=graphs_compiled(),
         )
         # a guarded step is logged under the update number it would have had
         self.console.step(self.log.write("step", self.step + rec["skipped"], **step_record(rec)))

@@ -85,3 +85,48 @@ def test_a_resume_on_fewer_gpus_is_not_a_drift_nor_an_epoch_bug():
     assert "throughput_drift" not in found and "epoch_accounting" not in found, found
     slowing = [{**r, "step_time": 0.1 * (1 + r["step"] / 300)} if r["kind"] == "step" else r for r in recs]
     assert "throughput_drift" in codes(diagnose(log_of(slowing)))  # a real slowdown still shows through
+
+
+def _with_graphs(recs: list[dict], grows_at: dict[int, int], resume_at: int | None = None) -> list[dict]:
+    """graphs_compiled per record: +1 on each of the first 5 updates of a process, + grows_at[step]."""
+    count, start = 0, recs[0]["step"]
+    for r in recs:
+        if r["step"] == resume_at:
+            count, start = 0, r["step"]
+        if r["step"] - start < 5:
+            count += 1
+        count += grows_at.get(r["step"], 0)
+        r["graphs_compiled"] = count
+    return recs
+
+
+def test_graphs_compiled_after_warm_up_are_late_recompiles_and_explain_their_stall():
+    recs = _with_graphs(step_records(600), {300: 2, 450: 1}, resume_at=400)
+    for r in recs[299:]:
+        r["time"] += 80.0  # the recompile's stall at step 300
+    recs[299]["step_time"] = 81.0
+    findings = diagnose(log_of(recs))
+    (found,) = find(findings, "late_recompile")
+    assert found.evidence["graphs"] == 3 and found.evidence["updates"] == 2 and found.evidence["last_step"] == 450
+    assert found.evidence["lost_s"] == 80.0 and found.severity == "warning"
+    assert "logging_gap" not in codes(findings)  # the stall is accounted for
+
+
+def test_compiling_only_in_warm_up_is_no_finding():
+    recs = _with_graphs(step_records(300), {}, resume_at=150)  # a resume compiles again in its own warm-up
+    assert "late_recompile" not in codes(diagnose(log_of(recs)))
+
+
+def test_late_recompiles_in_a_synthetic_run(run_factory):
+    run, _, findings = run_factory(4, ("late_recompile",))
+    (found,) = find(findings, "late_recompile")
+    assert found.severity == "warning" and found.evidence["updates"] >= 3
+    assert found.steps == run.planted[0].steps and "logging_gap" not in codes(findings)
+
+
+def test_a_resumed_process_compiling_more_than_the_first_is_still_in_warm_up():
+    recs = step_records(300)
+    for r in recs:
+        r["graphs_compiled"] = min(r["step"], 3) if r["step"] <= 150 else 10 + min(r["step"] - 150, 4)
+    recs.insert(150, {"kind": "run_start", "step": 150, "time": 149.5, "resumed_from": 150})
+    assert "late_recompile" not in codes(diagnose(log_of(recs)))

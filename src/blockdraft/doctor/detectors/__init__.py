@@ -20,6 +20,7 @@ DETECTORS: tuple[Detector, ...] = (
     timing.checkpoint_stall,
     timing.logging_gap,
     timing.window_artifact,
+    timing.late_recompile,
     pipeline.queue_drain,
     pipeline.data_wait,
     pipeline.throughput_drift,

@@ -1,4 +1,5 @@
-"""Detectors on time the loop lost: checkpoint stalls, logging gaps, metric windows that span them."""
+"""Detectors on time the loop lost: checkpoint stalls, logging gaps, metric windows that span them,
+graphs compiled after warm-up."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ def stall_threshold(seconds_per_step: float) -> float:
     """How long a checkpoint may hold the loop before it is a stall: 10 s, or 5 typical updates."""
     return max(CHECKPOINT_STALL_S, 5.0 * seconds_per_step) if math.isfinite(seconds_per_step) else CHECKPOINT_STALL_S
 ROUND_STEPS = 500
+WARMUP_UPDATES = 20  # a process compiles its graphs in its first updates; later growth is a recompile
 
 
 def _marker_steps(ctx: Context, kind: str) -> np.ndarray:
@@ -122,6 +124,7 @@ def logging_gap(ctx: Context) -> list[Finding]:
     prev = np.concatenate([[np.nan], ctx.step[:-1]])
     explained = _at_gap_start(_marker_steps(ctx, "checkpoint"), prev, ctx.stride)
     explained |= _at_gap_start(_marker_steps(ctx, "eval"), prev, ctx.stride)
+    explained |= _compiled_rows(ctx)  # late_recompile reports these
     lost = gaps["missing"] > 0
     stalled = gaps["excess"] >= _stall_threshold(ctx)
     rows = np.flatnonzero((lost | stalled) & ~explained)
@@ -248,6 +251,61 @@ def _periodic(starts: np.ndarray, stride: float) -> tuple[np.ndarray, int | None
         if on[best].sum() >= 3 and on[best].sum() >= 0.75 * n:
             return on[best], int(p)
     return none, None
+
+
+def _compiled_rows(ctx: Context) -> np.ndarray:
+    """Rows whose update compiled graphs: `graphs_compiled` (per process) grew since the row before;
+    a fall starts a new process (a resume), whose count starts again."""
+    if not ctx.t.has("graphs_compiled") or ctx.n < 2:
+        return np.zeros(ctx.n, dtype=bool)
+    g = ctx.t.get("graphs_compiled")
+    prev = np.concatenate([[np.nan], g[:-1]])
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(g) & np.isfinite(prev) & (g > prev)
+
+
+def late_recompile(ctx: Context) -> list[Finding]:
+    """Graphs compiled after a process's warm-up: each is a stall (seconds to a minute on a GPU), and a
+    run whose shapes keep changing never stops paying them."""
+    grew = _compiled_rows(ctx)
+    if not grew.any():
+        return []
+    g = ctx.t.get("graphs_compiled")
+    prev = np.concatenate([[np.nan], g[:-1]])
+    with np.errstate(invalid="ignore"):
+        new_process = np.concatenate([[True], ~(g[1:] >= g[:-1])])  # the first row, and after a fall
+    starts = _marker_steps(ctx, "run_start")  # a resume's first row, even if its count did not fall
+    if len(starts):
+        before = np.concatenate([[-np.inf], ctx.step[:-1]])
+        new_process |= np.searchsorted(starts, ctx.step, side="left") > np.searchsorted(starts, before, side="left")
+    since = np.arange(ctx.n) - np.maximum.accumulate(np.where(new_process, np.arange(ctx.n), 0))
+    rows = np.flatnonzero(grew & (since >= WARMUP_UPDATES))
+    if not len(rows):
+        return []
+    lost = 0.0
+    if ctx.t.has("step_time"):
+        st = ctx.t.get("step_time")
+        typical = float(np.nanmedian(st)) if np.isfinite(st).any() else math.nan
+        lost = float(np.nansum(np.maximum(st[rows] - typical, 0.0))) if math.isfinite(typical) else 0.0
+    graphs = int(np.nansum(g[rows] - prev[rows]))
+    last = ctx.step_at(rows[-1])
+    severity = "warning" if len(rows) >= 3 or lost >= COSTLY_STALL_S / 2 else "info"
+    return [
+        Finding(
+            code="late_recompile",
+            severity=severity,
+            steps=(ctx.step_at(rows[0]), last),
+            summary=(f"{plural(graphs, 'graph')} compiled after warm-up in {plural(len(rows), 'update')}, "
+                     f"the last at step {last}" + (f", about {lost:.0f} s lost" if lost >= 1 else "")),
+            evidence={"graphs": graphs, "updates": len(rows), "last_step": last, "lost_s": lost,
+                      "warmup_updates": WARMUP_UPDATES},
+            advice=("New shapes keep reaching the compiled forward: keep train.shape_classes on (it pads each pass "
+                    "to a bounded ladder of sizes), and look for what else changes late (noise switched off, a "
+                    "pass with no blocks, a longer sequence than any before)."),
+            weight=lost + len(rows),
+            spans=[(ctx.step_at(r - 1) if r else ctx.step_at(r), ctx.step_at(r)) for r in rows],
+        )
+    ]
 
 
 def window_artifact(ctx: Context) -> list[Finding]:
