@@ -96,7 +96,13 @@ def test_sigkill_at_a_random_step_then_resume_ends_with_the_uninterrupted_weight
     config_file.write_text(cfg.model_dump_json())
     log = Path(cfg.train.out_dir) / "log.jsonl"
     kill_after = random.randint(1, steps - 2)  # the SIGKILL lands in the update (or save) after this one
-    proc = _start(config_file)
+    # updates paced at 0.2 s, so the poll (every 0.05 s) sees step k before step k + 2 is written
+    proc = _start(config_file, prelude="""
+        import time
+        from blockdraft.train.loop import Trainer
+        _step_once = Trainer.step_once
+        Trainer.step_once = lambda self: (time.sleep(0.2), _step_once(self))[1]
+    """)
     try:
         _wait_for(proc, lambda: len(_steps(log)) >= kill_after, f"step {kill_after}")
         proc.send_signal(signal.SIGKILL)
