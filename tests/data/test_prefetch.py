@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from blockdraft.data import Batch, BatchSampler, Prefetcher, prepare_dataset
+from blockdraft.data.batching import BatchSampler
+from blockdraft.data.cache import prepare_dataset
+from blockdraft.data.prefetch import Batch, Prefetcher
 
 from .conftest import data_cfg, write_jsonl
 from .test_cache import corpus

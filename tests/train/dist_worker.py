@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from blockdraft.config import Config
-from blockdraft.data import Batch
+from blockdraft.data.prefetch import Batch
 from blockdraft.train import distributed
 from blockdraft.train.loop import Trainer
 

@@ -20,7 +20,7 @@ import torch
 
 from blockdraft.commands.ckpt_scan import scan
 from blockdraft.config import Config, DataConfig, dump_config
-from blockdraft.data import BatchSampler
+from blockdraft.data.batching import BatchSampler
 from blockdraft.errors import UserError
 from blockdraft.model.export import load_drafter
 from blockdraft.telemetry.log import read_log

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from blockdraft.data import Batch
+from blockdraft.data.prefetch import Batch
 from blockdraft.telemetry.log import read_log
 from blockdraft.telemetry.step_record import STEP_RECORD_FIELDS, step_record
 from blockdraft.train.checkpoint import MARKER, committed_checkpoints

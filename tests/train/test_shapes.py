@@ -56,7 +56,8 @@ def test_a_compiled_length_mix_stops_compiling_after_warm_up():
     from blockdraft.bench.shapes import target_config
     from blockdraft.bench.synthetic import SyntheticDataset
     from blockdraft.config import build_config
-    from blockdraft.data import BatchSampler, Prefetcher
+    from blockdraft.data.batching import BatchSampler
+    from blockdraft.data.prefetch import Prefetcher
     from blockdraft.train.hotpath import HotPath, graphs_compiled
 
     cfg = build_config({"target": {"path": "<tiny>"}, "drafter": {"num_layers": 1, "num_taps": 2},

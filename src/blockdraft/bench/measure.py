@@ -86,7 +86,8 @@ def draft_work(packed) -> DraftWork:
 
 
 def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: float | None, world) -> dict[str, Any]:
-    from blockdraft.data import BatchSampler, Prefetcher
+    from blockdraft.data.batching import BatchSampler
+    from blockdraft.data.prefetch import Prefetcher
     from blockdraft.train.distributed import sum_over_ranks
     from blockdraft.train.hotpath import graphs_compiled
     from blockdraft.train.loss import StepSums

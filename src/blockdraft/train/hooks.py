@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from blockdraft.data import Batch
+from blockdraft.data.prefetch import Batch
 from blockdraft.doctor.live import LiveDoctor, LogTail
 from blockdraft.train.budget import TimeBudget
 from blockdraft.train.guard import batch_id

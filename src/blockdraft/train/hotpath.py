@@ -26,7 +26,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from blockdraft.config import Config
-from blockdraft.data import Batch
+from blockdraft.data.prefetch import Batch
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.masks import dense_mask, flex_block_mask
 from blockdraft.model.target import Target

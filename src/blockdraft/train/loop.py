@@ -28,8 +28,12 @@ import torch
 
 from blockdraft import __version__
 from blockdraft.config import Config, default_layer_ids, dump_config, total_warmup_steps
-from blockdraft.data import Batch, BatchSampler, DataReport, Prefetcher, TokenizedDataset, data_record, prepare_dataset
+from blockdraft.data.batching import BatchSampler
+from blockdraft.data.cache import TokenizedDataset, prepare_dataset
 from blockdraft.data.cost import dataset_costs
+from blockdraft.data.prefetch import Batch, Prefetcher
+from blockdraft.data.report import DataReport
+from blockdraft.data.summary import data_record
 from blockdraft.device import pick_device
 from blockdraft.errors import UserError, make_dir
 from blockdraft.evaluate.prompts import heldout_prompts

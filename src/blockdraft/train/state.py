@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from blockdraft.data import Batch, BatchSampler, Prefetcher
+from blockdraft.data.batching import BatchSampler
+from blockdraft.data.prefetch import Batch, Prefetcher
 from blockdraft.train.guard import batch_id
 
 
