@@ -1,6 +1,6 @@
 """The time budget plans the LR schedule to end with train.max_minutes, from measured updates."""
 
-from blockdraft.train.budget import LOOKS, TimeBudget
+from blockdraft.train.budget import FIRST_LOOK, TimeBudget, is_look
 
 
 def _feed(budget, times, total):
@@ -17,7 +17,7 @@ def test_a_slow_first_update_then_a_measured_rate_shortens_the_schedule():
     budget = TimeBudget(max_seconds=240)
     plans, total = _feed(budget, [141.0] + [0.25] * 20, total=10_000)
     made = [(i + 1, p) for i, p in enumerate(plans) if p is not None]
-    assert len(made) == 1 and made[0][0] == LOOKS[0] + 1  # after the first update plus 10 measured
+    assert len(made) == 1 and made[0][0] == FIRST_LOOK + 1  # after the first update plus 10 measured
     plan = made[0][1]
     assert plan.first_update_s == 141.0 and plan.median_update_s == 0.25
     # 240 s - 143.5 s spent leaves 96.5 s: 0.97 * 96.5 / 0.25 = 374 more updates after update 11
@@ -49,3 +49,14 @@ def test_the_plan_survives_a_resume():
     resumed.load_state_dict(budget.state_dict())
     assert resumed.plan == budget.plan and resumed.plan.total_steps < 1000
     assert all(resumed.observe(k, 1.0, 20.0, 1000) is None for k in range(12, 200))  # no new looks
+
+
+def test_looks_are_spaced_4x_and_a_late_look_lengthens_a_plan_made_on_slow_early_updates():
+    assert [n for n in range(1, 3000) if is_look(n)] == [10, 40, 160, 640, 2560]
+    budget = TimeBudget(max_seconds=480)
+    times = [120.0] + [0.3] * 160 + [0.2] * 1400  # early updates meet new shapes; later ones run faster
+    plans, total = _feed(budget, times, total=100_000)
+    made = [p for p in plans if p is not None]
+    assert made[-1].planned_from == 641 and made[-1].median_update_s == 0.2
+    assert made[-1].total_steps > made[-2].total_steps  # the end moved later: the time is used
+    assert total == 641 + int((480 - sum(times[:641])) * 0.97 / 0.2)

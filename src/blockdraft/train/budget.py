@@ -2,9 +2,11 @@
 
 A run stopped by the clock halfway through its cosine ends at a high LR, with the weights of a run
 that never annealed. So the rate is measured (the median update time since the previous look; the
-first update pays for compilation and is left out) at a few points early in the run, and each time
-the number of updates that fit in the time left becomes the schedule's length, never more than the
-configured one. Later looks correct the first: the first updates also recompile for new shapes.
+first update pays for compilation and is left out) at looks spaced 4x apart (after 10, 40, 160, 640,
+... updates), and each time the number of updates that fit in the time left becomes the schedule's
+length, never more than the configured one. Later looks correct the earlier ones: the first updates
+also recompile and meet new shapes, so a rate measured early runs slow (a SmolLM2 run on an H200
+planned at update 161 ended 1.4 of its 8.4 minutes early); each look moves the end by less.
 The plan is saved with the train state, so a resumed run keeps its schedule.
 """
 
@@ -13,7 +15,14 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-LOOKS = (10, 40, 160)  # updates after the first at which the rate is measured
+FIRST_LOOK, LOOK_SPACING = 10, 4  # the rate is measured after 10, 40, 160, ... updates after the first
+
+
+def is_look(measured: int) -> bool:
+    """Whether the budget looks after this many measured updates (10 * 4^k)."""
+    while measured > FIRST_LOOK and measured % LOOK_SPACING == 0:
+        measured //= LOOK_SPACING
+    return measured == FIRST_LOOK
 
 
 @dataclass
@@ -40,9 +49,9 @@ class TimeBudget:
             self.configured_steps = total_steps
         self._times.append(update_s)
         looked = len(self._times) - 1
-        if looked not in LOOKS:
+        if not is_look(looked):
             return None
-        since = LOOKS[LOOKS.index(looked) - 1] + 1 if looked != LOOKS[0] else 1
+        since = looked // LOOK_SPACING + 1 if looked > FIRST_LOOK else 1
         median = statistics.median(self._times[since:])
         fit = step + int((self.max_seconds - elapsed_s) * self.margin / max(median, 1e-9))
         length = max(step + 1, min(fit, self.configured_steps))
