@@ -112,3 +112,19 @@ def test_runner_batches_give_the_batch_size_1_results(tiny_pair, prompts):
         assert (b.mode, b.tau, b.tau_hist, b.per_prompt, b.tokens) == (a.mode, a.tau, a.tau_hist, a.per_prompt,
                                                                        a.tokens)
     assert three[0].tau > 1.5
+
+
+def test_compacting_the_slots_keeps_decoding_lossless(tiny_pair, prompts):
+    """No headroom: the rows' holes are compacted away whenever the slots run out (twice here); the
+    outputs, and the acceptances of the batch-size-1 decoder, stay the same."""
+    target, _, _ = tiny_pair
+    oracle = _oracle(tiny_pair, prompts, 30)
+    decoder = SpeculativeDecoder(target, oracle, len(prompts), max(map(len, prompts)), 30, headroom_rounds=0)
+    compactions = []
+    compact = decoder.layout.compact
+    decoder.layout.compact = lambda: (compactions.append(decoder.layout.length), compact())
+    gens = decoder.decode(prompts, 30, None)
+    assert len(compactions) >= 2
+    for p, gen in zip(prompts, gens, strict=True):
+        assert gen.tokens == greedy_reference(target, p, 30)
+        assert gen.acceptance == speculative_greedy(target, oracle, p, 30, None).acceptance

@@ -124,7 +124,7 @@ class TreeDecoder:
             block_ids = torch.full((1, block), drafter.mask_token_id, device=device)
             block_ids[0, 0] = anchor
             inputs = dict(block_ids=block_ids, block_pos=(offsets + start)[None], taps=taps, ctx_pos=ctx_pos,
-                          ctx_at=ctx_at, ctx_limit=layout.slot_index[start : start + 1])
+                          ctx_at=ctx_at, ctx_limit=layout.bounds[start : start + 1])
             hidden = self.draft(**inputs) if first else self.graphs("draft", self.draft, **inputs)
             draft_logits = lm_head(hidden[0, 1:].to(lm_head.weight.dtype)).float()  # [B-1, V]
             if self.budget is None:

@@ -59,6 +59,7 @@ class Layout:
         self.valid = torch.zeros(n, slots, dtype=torch.bool, device=device)
         self.slot_pos = torch.zeros(n, slots, dtype=torch.long, device=device)
         self.slot_index = torch.arange(slots, device=device)
+        self.bounds = torch.arange(slots + 1, device=device)  # a slot count as a [1] tensor: bounds[k : k + 1]
         self.length = 0  # slots in use: the next write starts here
 
     def target_step(self, target: Target, tap: bool):
@@ -88,6 +89,24 @@ class Layout:
                            mask=sees, cache=self.draft)
 
         return step
+
+    def compact(self) -> None:
+        """Move each row's valid slots to the front, in order, in both caches: the holes its rejected
+        drafts left are dropped, and the shared length becomes the longest row's count."""
+        used = self.valid[:, : self.length]
+        count = int(used.sum(1).max())
+        keep = torch.sort((~used).to(torch.int8), dim=1, stable=True).indices[:, :count]  # [n, count]
+        layers, n, kv, _, hd = self.cache.keys.shape
+        index = keep[None, :, None, :, None].expand(layers, n, kv, count, hd)
+        for buf in (self.cache.keys, self.cache.values):
+            buf[:, :, :, :count] = buf.gather(3, index)
+        if self.draft is not None:
+            for buf in (*self.draft.keys, *self.draft.values):
+                buf[:, :, :count] = buf.gather(2, keep[:, None, :, None].expand(n, buf.shape[1], count, buf.shape[3]))
+        self.slot_pos[:, :count] = self.slot_pos.gather(1, keep)
+        self.valid[:, :count] = used.gather(1, keep)
+        self.valid[:, count : self.length] = False
+        self.length = count
 
     def prefill(self, target: Target, prompts: list[list[int]], tap: bool):
         """The prompts right-padded (token 0, never seen) in one eager pass. Returns each row's
@@ -125,11 +144,12 @@ class SpeculativeDecoder:
     steps captured once) for prompts of up to `max_prompt` tokens and `max_new_tokens` each."""
 
     def __init__(self, target: Target, drafter: DFlashDrafter, n: int, max_prompt: int, max_new_tokens: int,
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = False, headroom_rounds: int = 16) -> None:
         self.target, self.drafter, self.n = target, drafter, n
         block = drafter.block_size
-        # a lone row advances its slots by what it accepts; in a batch a round may keep B slots
-        slots = max_prompt + (max_new_tokens + 1) * (block if n > 1 else 1) + 2 * block
+        # a row holds at most its prompt and max_new_tokens + B - 1 committed tokens; in a batch a round
+        # may also keep slots some rows rejected: room for `headroom_rounds` such rounds, then `compact`
+        slots = max_prompt + max_new_tokens + 2 * block + (headroom_rounds * block if n > 1 else 0)
         self.layout = Layout(target, drafter, n, slots)
         self.graphs = Graphs(target.embed_tokens.weight.device, enabled=cuda_graphs)
         self.verify = self.layout.target_step(target, tap=True)
@@ -158,16 +178,18 @@ class SpeculativeDecoder:
             block_ids = torch.cat([anchors[:, None], masks], dim=1)  # [n, B]
             block_pos = start[:, None] + offsets
             inputs = dict(block_ids=block_ids, block_pos=block_pos, taps=taps, ctx_pos=ctx_pos, ctx_at=ctx_at,
-                          ctx_limit=layout.slot_index[layout.length : layout.length + 1])
+                          ctx_limit=layout.bounds[layout.length : layout.length + 1])
             # the prompt's context (any length) runs eagerly; every later round has one shape
             hidden = self.draft(**inputs) if first else self.graphs("draft", self.draft, **inputs)
             draft = lm_head(hidden[:, 1:].to(lm_head.weight.dtype)).argmax(-1)  # [n, B-1]
             block_ids = torch.cat([anchors[:, None], draft], dim=1)
+            if layout.length + block > layout.slots:  # both caches hold every committed token here
+                layout.compact()
             write_at = offsets + layout.length
             logits, taps = self.graphs("verify", self.verify, ids=block_ids, positions=block_pos, write_at=write_at)
             verified = logits.argmax(-1)  # [n, B]: the target's token after each prefix of the block
             accepted_t = (draft == verified[:, :-1]).to(torch.int64).cumprod(1).sum(1)  # [n]
-            layout.valid[:, layout.length : layout.length + block] = offsets <= accepted_t[:, None]
+            layout.valid[:, layout.length : layout.length + block] = (offsets <= accepted_t[:, None]) & moving[:, None]
             host = torch.cat([accepted_t, draft.flatten(), verified.flatten()]).tolist()  # the round's one sync
             accepted, drafts, targets = host[:n], host[n : n * block], host[n * block :]
             for r in (r for r in range(n) if alive[r]):
