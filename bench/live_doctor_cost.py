@@ -5,7 +5,7 @@ writes them; the write itself is not counted, it is the same in all three):
   none    no live doctor
   inline  the old way: `LiveDoctor.observe` on every record inside the log writer (analysis every
           50 step records, whatever the time)
-  hook    `LiveDoctorHook`: each update's records read back from log.jsonl and judged alone, the
+  hook    `LiveDoctorHook`: each update's records, queued by a sink of the log, judged alone, the
           analysis at most every 50 updates and 30 s of (simulated) training time
 Each prints the mean cost per update, the worst single update, and the share of an update of
 `--update-s` seconds (0.13 s: the demo's CPU update).

@@ -1,4 +1,4 @@
-"""The live-doctor hook reads the run's log, not the writer: every record is judged at once, the full
+"""The live-doctor hook judges what the log wrote, after the update: every record at once, the full
 analysis runs at most every N updates and S seconds."""
 
 from types import SimpleNamespace

@@ -35,7 +35,7 @@ def _clean(value: Any, path: str, bad: list[str]) -> Any:
 class RunLog:
     """Append-only writer for RUN/log.jsonl (rank 0 only). `sinks` (experiment trackers) get every
     record once it is on disk; a sink that raises is dropped with a `tracker_failed` warning, so a
-    tracker can never stop a run. Nothing else runs here: readers (the live doctor) read the file."""
+    tracker can never stop a run. Nothing else runs here: the live doctor's sink only queues records."""
 
     def __init__(self, path: Path, sinks: Sequence[Sink] = ()) -> None:
         self.path = path
@@ -60,6 +60,9 @@ class RunLog:
                 print(f"warning: {message}", file=sys.stderr)
                 self.write("warning", step, code="tracker_failed", severity="warning", message=message)
         return record
+
+    def add_sink(self, sink: Sink) -> None:
+        self._sinks.append(sink)
 
     def close(self) -> None:
         for sink in self._sinks:

@@ -14,7 +14,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from blockdraft.data.prefetch import Batch
-from blockdraft.doctor.live import LiveDoctor, LogTail
+from blockdraft.doctor.live import LiveDoctor
 from blockdraft.train.budget import TimeBudget
 from blockdraft.train.guard import batch_id
 
@@ -181,9 +181,24 @@ class EvalHook(Hook):
         t.console.note(f"eval tau {t.last_eval['tau']:.2f} on {t.last_eval['prompts']} prompts", style="cyan")
 
 
+class _Inbox:
+    """A sink that only queues the records the log wrote, for the live doctor to judge after the update."""
+
+    name = "live doctor"
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    def close(self) -> None:
+        pass
+
+
 class LiveDoctorHook(Hook):
-    """The doctor's detectors on the run's own log.jsonl (rank 0), off the logging path: each update
-    the new records are read back and judged alone (non-finite values, slow checkpoints, the config
+    """The doctor's detectors on the run's own records (rank 0), off the logging path: each update
+    the records written since the last one are judged alone (non-finite values, slow checkpoints, the config
     once); the full analysis over the tail window runs at most every `every` updates and
     `min_interval_s` seconds, which bounds its share of the training thread (bench/live_doctor_cost.py).
     Each new finding becomes a `warning` record and a console line."""
@@ -197,10 +212,12 @@ class LiveDoctorHook(Hook):
         self._last_time = clock()
 
     def on_start(self) -> None:
-        self.tail = LogTail(self.trainer.log.path, start_at=self.trainer.log.path.stat().st_size)
+        self.inbox = _Inbox()
+        self.trainer.log.add_sink(self.inbox)
 
     def on_step_end(self, end: StepEnd) -> None:
-        found = [f for rec in self.tail.read() for f in self.doctor.ingest(rec)]
+        records, self.inbox.records = self.inbox.records, []
+        found = [f for rec in records for f in self.doctor.ingest(rec)]
         self._seen += 1
         now = self.clock()
         if self._seen - self._last_step >= self.every and now - self._last_time >= self.min_interval_s:
