@@ -49,13 +49,14 @@ class HFEngine:
         self.eos = eos
         self.static = cache == "static" or (cache == "auto" and device == "cuda")
         self.chunk_tokens = chunk_tokens
-        self.cache_len = 0  # --prompt-tokens (padded) + --max-new-tokens: one compiled shape per run
 
     def reseed(self, seed: int) -> None:
         self.torch.manual_seed(seed)
 
-    def _chunk(self, rows: list[list[int]], new_tokens: int, batch_size: int, sampling: dict) -> list[list[int]]:
-        """One generate call: `new_tokens` more tokens for each row (ids so far), left-padded."""
+    def _chunk(self, rows: list[list[int]], new_tokens: int, batch_size: int, sampling: dict,
+               cache_len: int) -> list[list[int]]:
+        """One generate call: `new_tokens` more tokens for each row (ids so far), left-padded; a static
+        cache of `cache_len` slots."""
         from transformers import GenerationConfig
 
         torch, n = self.torch, len(rows)
@@ -69,7 +70,7 @@ class HFEngine:
         for i, row in enumerate(rows):
             ids[i, width - len(row) :] = torch.tensor(row)
             mask[i, width - len(row) :] = 1
-        cache = {"cache_implementation": "static", "max_cache_len": self.cache_len} if self.static else {}
+        cache = {"cache_implementation": "static", "max_cache_len": cache_len} if self.static else {}
         config = GenerationConfig(max_new_tokens=new_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos or None,
                                   **sampling, **cache)
         with torch.inference_mode():
@@ -83,7 +84,8 @@ class HFEngine:
     ) -> list[tuple[str, bool, int]]:
         """(answer text, finished, answer tokens) per prompt; finished is False where max_new_tokens cut it."""
         enc = self.tokenizer(prompts, add_special_tokens=False, truncation=True, max_length=prompt_tokens)["input_ids"]
-        self.cache_len = -(-prompt_tokens // PAD_MULTIPLE) * PAD_MULTIPLE + max_new_tokens
+        # --prompt-tokens (padded) + --max-new-tokens, whatever the batch: one compiled shape per run
+        cache_len = -(-prompt_tokens // PAD_MULTIPLE) * PAD_MULTIPLE + max_new_tokens
         sampling = (
             {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {"do_sample": False}
         )
@@ -94,7 +96,7 @@ class HFEngine:
         while queue or active:
             take = batch_size - len(active)
             active, queue = active + queue[:take], queue[take:]
-            new = self._chunk([enc[i] + answers[i] for i in active], chunk, batch_size, sampling)
+            new = self._chunk([enc[i] + answers[i] for i in active], chunk, batch_size, sampling, cache_len)
             still = []
             for i, ids in zip(active, new, strict=True):
                 stop = next((k for k, t in enumerate(ids) if t in self.eos), None)
