@@ -90,7 +90,6 @@ class TreeDecoder:
         block = drafter.block_size
         nodes = budget if budget is not None else block - 1
         self.layout = Layout(target, drafter, 1, max_prompt + max_new_tokens + nodes + 2 * block)
-        self.layout.valid.fill_(True)  # one row, no padding: slot < position limit is the whole mask
         self.graphs = Graphs(target.embed_tokens.weight.device, enabled=cuda_graphs)
         self.draft = self.layout.draft_step(target, drafter)
 
@@ -115,7 +114,7 @@ class TreeDecoder:
         t0 = time.perf_counter()
 
         logits, taps, ctx_pos, _ = layout.prefill(target, [prompt], tap=True)
-        layout.valid.fill_(True)
+        layout.valid.fill_(True)  # one row, no padding: slot < position limit is the whole mask
         anchor = int(next_tokens(logits, temperature, generator)[0])
         out, acceptance = [anchor], []
         ctx_at, first = layout.slot_index[: len(prompt)], True
