@@ -106,10 +106,9 @@ class TrainConfig(Section):
         None, gt=0, description="blocks per assistant token of a sequence (rounded up, capped by num_anchors); "
         "None: num_anchors alone")
     shape_classes: bool | Literal["auto"] = Field(
-        "auto", description="pad each pass's packed length and block count to a bounded ladder of sizes, so a "
-        "length mix stops recompiling after warm-up (auto: when the drafter is compiled); train/shapes.py")
-    context_class_ratio: float = Field(2**0.5, ge=1, description="packed-length ladder: multiples of 256, then "
-                                       "this ratio between classes")
+        "auto", description="pad each pass's packed length to the token budget and its block count to a "
+        "bounded ladder, so a length mix compiles nothing after the warm-up (auto: when the drafter is "
+        "compiled); train/shapes.py")
     block_class_ratio: float = Field(2**0.125, ge=1, description="block-count ladder: multiples of 128/B blocks, "
                                      "then this ratio between classes")
     max_blocks_per_pass: int | None = Field(

@@ -124,9 +124,10 @@ def test_shape_classes_pad_the_pass_but_keep_its_anchors_and_labels():
 
     ids, mask, lengths = _three_answers()
     plain = pack(ids, mask, lengths, 4, 6)
-    padded = pack(ids, mask, lengths, 4, 6, shapes=ShapeClasses(4))
+    padded = pack(ids, mask, lengths, 4, 6, shapes=ShapeClasses.for_budget(4, 300))
     assert plain.input_ids.shape[0] == plain.real_tokens == padded.real_tokens == 77
-    assert padded.input_ids.shape[0] == 256 and padded.padded_blocks == 32  # 128 // B = 32 blocks a step
+    assert padded.input_ids.shape[0] == 512  # the budget's context, whatever the pass's length
+    assert padded.padded_blocks == 32  # 128 // B = 32 blocks a step
     assert (padded.doc[77:] == 3).all() and not padded.candidates[77:].any()
     a = sample_blocks(plain, 4, 6, MASK, torch.Generator().manual_seed(7))
     b = sample_blocks(padded, 4, 6, MASK, torch.Generator().manual_seed(7))

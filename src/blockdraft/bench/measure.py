@@ -96,12 +96,20 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     count = max(4096, (args.steps + args.warmup + 2) * args.micro_batch * cfg.train.grad_accum * 4)
     dataset = SyntheticDataset(profile, args.seq_len, hf_cfg.vocab_size, count, median=args.mix_median,
                                sigma=args.mix_sigma)
-    sampler = BatchSampler(dataset.lengths, cfg.data, seed=cfg.train.seed, rank=world.rank, world_size=world.size)
+    costs = dataset.batch_costs(hf_cfg, cfg, hot.target.layer_ids)  # micro-batches cut as training cuts them
+    sampler = BatchSampler(dataset.lengths, cfg.data, seed=cfg.train.seed, rank=world.rank, world_size=world.size,
+                           grad_accum=cfg.train.grad_accum, costs=costs)
 
     t_dims, d_dims = Dims.of(hf_cfg), Dims.of(hot.drafter.config)
     taps, layers_run = len(hot.drafter.target_layer_ids), hot.target.layer_ids[-1] + 1
     rows: list[dict[str, float]] = []
     kept: list = []
+    _sync(device)
+    t0, before = time.perf_counter(), graphs_compiled()
+    warm_passes = hot.warm_up(args.seq_len)  # the extreme shapes' graphs, as `blockdraft train` compiles them
+    _sync(device)
+    warm = {"warmup_passes": warm_passes, "warmup_s": time.perf_counter() - t0,
+            "warmup_graphs_compiled": graphs_compiled() - before}
     with Prefetcher(dataset, sampler, depth=cfg.data.prefetch_depth, pin_memory=device.type == "cuda",
                     prepare=hot.prepare) as prefetcher:
         for k in range(1, args.warmup + args.steps + 1):
@@ -141,7 +149,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
         target_time = time_target(hot, kept)
     result = summarize_rows(rows, target_time, peak, world.size, graphs_before)
-    result.update(profile=profile, peak_mem_gb=mem, micro_batches_per_step=cfg.train.grad_accum,
+    result.update(warm, profile=profile, peak_mem_gb=mem, micro_batches_per_step=cfg.train.grad_accum,
                   passes_per_step=statistics.mean(r["passes"] for r in rows))
     if args.profile:
         write_profile(hot, kept[0], args.profile, profile)

@@ -9,7 +9,14 @@ Two length profiles, both with a prompt (no loss) followed by an assistant answe
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from blockdraft.data.cost import SampleCosts, flop_costs, token_costs
+
+if TYPE_CHECKING:
+    from blockdraft.config import Config
 
 MIX_MEDIAN, MIX_SIGMA, MIX_MIN = 900, 0.8, 64
 
@@ -32,6 +39,17 @@ class SyntheticDataset:
 
     def __len__(self) -> int:
         return len(self.lengths)
+
+    def batch_costs(self, hf_cfg, cfg: Config, layer_ids: list[int]) -> SampleCosts:
+        """The costs `blockdraft train` cuts micro-batches by (`data.batch_cost`), for these samples:
+        their anchor candidates are the answer positions a >= 1 whose block fits, counted in closed form."""
+        if cfg.data.batch_cost == "tokens":
+            return token_costs(self.lengths)
+        first = np.maximum(self.prompt, 1)
+        last = self.lengths - cfg.drafter.block_size  # a + B - 1 < length
+        counts = np.maximum(last - first + 1, 0)
+        pos_sums = counts * (first + last) / 2.0
+        return flop_costs(self.lengths, counts, pos_sums, hf_cfg, cfg, layer_ids, self.lengths - self.prompt)
 
     def sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         n = int(self.lengths[i])

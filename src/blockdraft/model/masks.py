@@ -20,18 +20,23 @@ import torch
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def visibility(anchors: torch.Tensor, block_doc: torch.Tensor, context_doc: torch.Tensor, block_size: int) -> MaskMod:
+def visibility(
+    anchors: torch.Tensor, block_doc: torch.Tensor, context_doc: torch.Tensor, block_size: int,
+    context_len: torch.Tensor | None = None,
+) -> MaskMod:
     """anchors, block_doc: [V] packed anchor index and sequence of each block; context_doc: [L]
     sequence of each context token. Returns mask_mod(b, h, q_idx, kv_idx) -> bool.
-    The context length is read inside (not captured as an int), so it stays symbolic under compile."""
+    context_len (a 0-d tensor) is given when the three tensors are padded past V and L (see
+    `flex_block_mask`); otherwise it is L, read inside rather than captured as an int, so it stays
+    symbolic under compile."""
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        context_len = context_doc.shape[0]
+        length = context_doc.shape[0] if context_len is None else context_len
         q_block = q_idx // block_size
-        is_context = kv_idx < context_len
-        same_doc = context_doc[kv_idx.clamp(max=context_len - 1)] == block_doc[q_block]
+        is_context = kv_idx < length
+        same_doc = context_doc[kv_idx.clamp(max=length - 1)] == block_doc[q_block]
         sees_context = is_context & same_doc & (kv_idx < anchors[q_block])
-        kv_block = (kv_idx - context_len).clamp(min=0) // block_size
+        kv_block = (kv_idx - length).clamp(min=0) // block_size
         sees_own_block = (~is_context) & (kv_block == q_block)
         return sees_context | sees_own_block
 
@@ -50,18 +55,32 @@ def dense_mask(
     return visibility(anchors, block_doc, context_doc, block_size)(zero, zero, q, kv)[None, None]
 
 
-def flex_block_mask(anchors: torch.Tensor, block_doc: torch.Tensor, context_doc: torch.Tensor, block_size: int):
+def flex_block_mask(
+    anchors: torch.Tensor, block_doc: torch.Tensor, context_doc: torch.Tensor, block_size: int,
+    capture: tuple[int, int] | None = None,
+):
     """A flex-attention BlockMask for the same rule; built once per micro-batch, shared by all layers.
-    Its tiles outside a block's own sequence are skipped, so packing costs no attention work."""
+    Its tiles outside a block's own sequence are skipped, so packing costs no attention work.
+    capture = (blocks, context): the tensors the mask_mod captures are padded to these fixed sizes
+    (when larger than V and L), so a compiled forward never guards on their sizes: a graph compiled
+    for one pass shape then serves every other (padding blocks see nothing, padding context is never read)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    q_len = anchors.shape[0] * block_size
+    v, length = anchors.shape[0], context_doc.shape[0]
+    q_len = v * block_size
+    context_len = None
+    if capture is not None:
+        blocks_cap, context_cap = max(capture[0], v), max(capture[1], length)
+        context_len = context_doc.new_full((), length)  # a fill kernel: no copy, no sync
+        anchors = torch.cat([anchors, anchors.new_zeros(blocks_cap - v)])
+        block_doc = torch.cat([block_doc, block_doc.new_full((blocks_cap - v,), -1)])
+        context_doc = torch.cat([context_doc, context_doc.new_full((context_cap - length,), -2)])
     return create_block_mask(
-        visibility(anchors, block_doc, context_doc, block_size),
+        visibility(anchors, block_doc, context_doc, block_size, context_len),
         B=None,
         H=None,
         Q_LEN=q_len,
-        KV_LEN=context_doc.shape[0] + q_len,
+        KV_LEN=length + q_len,
         device=anchors.device,
         _compile=anchors.is_cuda,
     )

@@ -9,13 +9,14 @@ Per micro-batch, all on the device and without a host synchronisation:
 Packing happens on the host in the prefetch thread (`prepare`), where the block count is known; a
 micro-batch whose sequences hold more than `train.max_blocks_per_pass` blocks is split into several
 passes (short sequences bring up to num_anchors blocks each, so the token budget does not bound memory).
-When compiled, each pass is padded to its shape class (train/shapes.py): the forward sees a bounded
-set of shapes, so a length mix stops recompiling once its classes have been seen.
+When compiled, each pass is padded to its shape class (train/shapes.py) and `warm_up` runs every class
+before update 1: the forward sees a bounded set of shapes and has compiled them all before training.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -59,6 +60,35 @@ def graphs_compiled() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+def warmup_batches(cfg: Config, shapes: ShapeClasses, max_blocks: int, longest: int, vocab_size: int) -> list[Batch]:
+    """Synthetic micro-batches whose passes meet every shape a run's passes can take, the full-length
+    one first (a run of full-length batches keeps the static graph compiled for it): as many rows of
+    the longest length as the token budget holds; then one pass per block class of the ladder (rows
+    of at most num_anchors blocks); then one long row with a short answer and many short rows (the
+    target's extreme batch shapes). Every token is an answer token unless said otherwise."""
+    b, budget, cap = cfg.drafter.block_size, cfg.data.tokens_per_batch, cfg.train.num_anchors
+    density = cfg.train.anchors_per_token
+    most = max(2 * b, min(longest, cfg.data.max_len))
+    per_row = max(1, min(cap, most - b))
+    specs: list[tuple[list[int], int | None]] = [([most] * max(1, budget // most), None)]  # (row lengths, answer)
+    for v in shapes.block_ladder(max_blocks):
+        chunks = [per_row] * (v // per_row) + ([v % per_row] if v % per_row else [])
+        rows = [max(c + b, math.ceil(c / density) if density else 0) for c in chunks]  # c blocks each
+        if sum(rows) <= budget and max(rows) <= most:
+            specs.append((rows, None))
+    specs += [([most], 2 * b), ([2 * b] * max(1, min(budget // (2 * b), max_blocks // b)), None)]
+    gen = torch.Generator().manual_seed(0)
+    batches = []
+    for rows, answer in specs:
+        n, t = len(rows), max(rows)
+        lengths = torch.tensor(rows)
+        real = torch.arange(t)[None, :] < lengths[:, None]
+        ids = torch.randint(0, vocab_size, (n, t), generator=gen) * real
+        mask = real & (torch.arange(t)[None, :] >= lengths[:, None] - (answer or t))
+        batches.append(Batch(ids, mask, lengths, [], 0, 0, 0, 0.0, sum(rows), n * t))
+    return batches
 
 
 class DraftForward(nn.Module):
@@ -122,11 +152,15 @@ class HotPath:
         dense_cap = cfg.train.num_anchors  # about one sequence per pass: a dense mask costs (V*B) x (L + V*B)
         self.max_blocks = cfg.train.max_blocks_per_pass or (1536 if self.attention == "flex" else dense_cap)
         classes = cfg.train.shape_classes
-        self.shapes = ShapeClasses(cfg.drafter.block_size, cfg.train.context_class_ratio, cfg.train.block_class_ratio) \
+        self.shapes = ShapeClasses.for_budget(cfg.drafter.block_size, cfg.data.tokens_per_batch,
+                                              cfg.train.block_class_ratio) \
             if classes is True or (classes == "auto" and self.compile) else None
         # noise given as a tensor at every update of a run that has any: None at the end of a decaying
         # schedule would be another graph, compiled late
         self.noisy = cfg.noise.std > 0 or cfg.noise.final_std > 0
+        # the mask_mod's captured tensors at one size for the whole run (blocks, context): the largest classes
+        self.capture = (self.shapes.blocks(self.max_blocks), self.shapes.context_size) \
+            if self.shapes is not None and self.attention == "flex" else None
         if self.compile:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             target.compile_features()
@@ -178,8 +212,10 @@ class HotPath:
                 noise = noise_std * torch.randn((1, real, h), generator=gen, device=self.device)  # [1, L, H]
                 noise = torch.cat([noise, noise.new_zeros(1, length - real, h)], dim=1)  # [1, L', H]
             embeds = self.target.embed_tokens(blocks.tokens.view(1, v * b))  # [1, V'*B, H]
-            build = flex_block_mask if self.attention == "flex" else dense_mask
-            mask = build(blocks.anchors, blocks.doc, packed.doc, b)
+            if self.attention == "flex":
+                mask = flex_block_mask(blocks.anchors, blocks.doc, packed.doc, b, self.capture)
+            else:
+                mask = dense_mask(blocks.anchors, blocks.doc, packed.doc, b)
             hidden = self.forward_module()(taps, noise, embeds, blocks.positions.view(1, v * b), packed.pos[None],
                                            mask)
             hidden = hidden.view(v, b, -1)[:, 1:]  # [V', B-1, H]: block position 0 has no label
@@ -190,6 +226,27 @@ class HotPath:
                 target_hidden = final[before.clamp(max=length - 1)]  # [V', B-1, H]
             return block_loss(hidden, self.target.lm_head.weight, blocks.labels, blocks.label_mask, loss_cfg,
                               target_hidden)
+
+    def warm_up(self, longest: int) -> int:
+        """Compile before the first update the graphs that the run's extreme pass shapes need (`warmup_batches`):
+        a shape first met after hours would stall the run for a minute. The gradients are dropped and no
+        RNG stream of the run is drawn from, so the run's updates are what they would have been. Returns
+        the passes run (0 when nothing is compiled). longest: the longest sample the run can draw."""
+        if not self.compile or self.shapes is None:
+            return 0
+        cfg, runs = self.cfg, 0
+        for batch in warmup_batches(cfg, self.shapes, self.max_blocks, longest, self.target.lm_head.weight.shape[0]):
+            batch = self.to_device(self.prepare(batch))
+            for i, part in enumerate(batch.passes):
+                g = anchor_generator(cfg.train.seed, 0, -1, i, self.device)  # no update's key
+                blocks = sample_blocks(part.packed, cfg.drafter.block_size, cfg.train.num_anchors,
+                                       self.drafter.mask_token_id, g)
+                stats = self.micro_stats(part, blocks, 0.0, g)
+                stats.weighted_loss.backward()  # every rank runs the same passes: DDP's reductions match
+                runs += 1
+        for p in self.drafter.parameters():
+            p.grad = None
+        return runs
 
     def accumulate(
         self, micro_batches: list[Batch], step: int, rank: int, noise_std: float

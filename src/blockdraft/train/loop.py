@@ -239,6 +239,14 @@ class Trainer:
             stop = ("completed", "max_minutes reached")
         return StepEnd(rec, micro, step_time, stop)
 
+    def _warm_up(self) -> None:
+        """The compiled graphs of the run's extreme shapes, before update 1 (`HotPath.warm_up`), logged."""
+        t0 = time.time()
+        passes = self.hot.warm_up(int(self.dataset.lengths.max()))
+        if passes:
+            self.log.write("warmup", self.step, passes=passes, seconds=time.time() - t0,
+                           graphs_compiled=graphs_compiled())
+
     def _skip_listed(self, batch: Batch, bid: str) -> None:
         self.log.write("skip", self.step + 1, reason="skip_list", batch_ids=[bid], bucket=batch.bucket, loss=None,
                        grad_norm=None)
@@ -296,6 +304,7 @@ class Trainer:
         status, reason = "completed", None
         try:
             with self.console, StopOnSignal(self):
+                self._warm_up()
                 while self.step < self.total_steps:
                     end = self.step_once()
                     for hook in self.hooks:

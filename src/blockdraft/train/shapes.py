@@ -1,16 +1,19 @@
-"""Shape classes: the packed context length L and the block count V of a pass, padded up to a bounded
-ladder of sizes, so a length mix stops compiling new graphs once its classes have been seen.
+"""Shape classes: every compiled pass has one packed context length C (the run's token budget) and
+a block count V padded up to a bounded ladder, so a length mix stops compiling new graphs once the
+warm-up (HotPath.warm_up) has run every class.
 
 Why pad rather than only mark the dimensions dynamic: dynamo already turns a dimension symbolic when
 its size changes (automatic dynamic shapes), but a compiled graph still guards on facts a size gives
-it (the flex-attention kernels' divisibility by their 128-wide tiles, size 1, what inductor chose for
-a size range), and any of them can fail for the first time after hours: a recompile stall late in a
-run. Classes make those facts the same for every pass of a class (each class is a multiple of the
-tile, never 1) and bound the shapes a run can ever show by the number of classes, whatever the
-backend specialises. The padding costs little where it is cheap and is kept fine where it is not:
-  context  multiples of 256 tokens, then a ratio of 2^(1/2) between classes: a padded context token
-           costs only the fusion fc and the layers' k/v projections (about 4% of a target token), and
-           no block sees it (its sequence id is its own), so flex attention skips its tiles;
+it: the flex-attention kernels' divisibility by their 128-wide tiles, size 1, and the size ranges in
+which inductor chose a reduction or indexing strategy (for example `V*B <= 1024` or `>= 4097`), and any
+of them can fail for the first time after hours: a recompile stall late in a run. With one context
+length and a ladder of block counts, the graphs a run can need are those of the ladder's rungs, few
+and all known at start, so the warm-up compiles every one of them. The padding costs little where it
+is cheap and is kept fine where it is not:
+  context  always C = the token budget rounded up to 256: a padded context token costs only the fusion
+           fc and the layers' k/v projections (about 5% of a target token's forward), and no block
+           sees it (its sequence id is its own), so flex attention skips its tiles; a length mix's
+           micro-batches are mostly full, so little is padded;
   blocks   multiples of 128 query tokens (128 // B blocks), then a ratio of 2^(1/8): a filler block
            costs what a real block costs in the drafter's layers (not the lm_head: it has no label).
 Padding never changes the update: filler context is invisible to every real block, filler blocks
@@ -23,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 TILE = 128  # the flex-attention block (query and key/value tile) size
+CONTEXT_QUANTUM = 2 * TILE
 
 
 def size_class(n: int, quantum: int, ratio: float) -> int:
@@ -45,12 +49,15 @@ def ladder(limit: int, quantum: int, ratio: float) -> list[int]:
 
 @dataclass(frozen=True)
 class ShapeClasses:
-    """The ladders of one run: `context(L)` and `blocks(V)` give the padded sizes of a pass."""
+    """The classes of one run: `context(L)` and `blocks(V)` give the padded sizes of a pass."""
 
     block_size: int
-    context_ratio: float = 2**0.5
+    context_size: int  # C, a multiple of CONTEXT_QUANTUM
     block_ratio: float = 2**0.125
-    context_quantum: int = 256
+
+    @classmethod
+    def for_budget(cls, block_size: int, tokens_per_batch: int, block_ratio: float = 2**0.125) -> ShapeClasses:
+        return cls(block_size, size_class(tokens_per_batch, CONTEXT_QUANTUM, 1.0), block_ratio)
 
     @property
     def block_quantum(self) -> int:
@@ -58,12 +65,12 @@ class ShapeClasses:
         return max(1, TILE // self.block_size)
 
     def context(self, length: int) -> int:
-        return size_class(max(length, 1), self.context_quantum, self.context_ratio)
+        """C; a pass longer than the budget (one sequence over it) is rounded up to CONTEXT_QUANTUM."""
+        return max(self.context_size, size_class(max(length, 1), CONTEXT_QUANTUM, 1.0))
 
     def blocks(self, count: int) -> int:
         return size_class(max(count, 1), self.block_quantum, self.block_ratio)
 
-    def bound(self, max_context: int, max_blocks: int) -> int:
-        """How many (context, blocks) class pairs passes of at most these sizes can show."""
-        return (len(ladder(max_context, self.context_quantum, self.context_ratio))
-                * len(ladder(max_blocks, self.block_quantum, self.block_ratio)))
+    def block_ladder(self, max_blocks: int) -> list[int]:
+        """Every block class a pass of at most max_blocks blocks can take: the graphs a run can need."""
+        return ladder(max_blocks, self.block_quantum, self.block_ratio)
