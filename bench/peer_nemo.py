@@ -27,8 +27,8 @@ which its loader runs in the training process (num_workers=0 by default). --ours
 `blockdraft bench` in the same process (after NeMo, with the same arguments) and adds the ratios.
 
 Compile settings are its recipe's defaults: no `compile:` block, so the drafter and target run eager;
-flex attention goes through transformers' compiled flex_attention (dynamic=False: each new shape of
-rows, width and anchors compiles again, up to torch's recompile limit) and NeMo's compiled (dynamic)
+flex attention goes through transformers' torch.compile(flex_attention) (default dynamic: a new shape
+compiles once more, marked dynamic, within torch's recompile limit) and NeMo's compiled (dynamic=True)
 create_block_mask. Its target is Hugging Face's Qwen3ForCausalLM with sdpa (its `target_force_hf`
 path: its own Qwen3 uses the same sdpa and torch kernels when transformer-engine is absent).
 
