@@ -105,6 +105,19 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    report = measure(args)
+    if report is None:
+        return 0
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        render(report)
+    return 0
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The report as a dict (None on ranks other than the main one): bench/peer_nemo.py --ours calls
+    this in the same process as its peer measurement, so their ratios come from one GPU call."""
     import torch
 
     from blockdraft.bench.measure import build_models, checkpoint_stall, matmul_tflops, nominal_peak, run_profile
@@ -159,10 +172,4 @@ def run(args: argparse.Namespace) -> int:
     # data-parallel training saves through dcp.async_save, not this stager: not measured there
     report["checkpoint_stall"] = None if world.distributed else progress("checkpoint", checkpoint_stall(hot, optimizer))
     distributed.shutdown()
-    if not world.is_main:
-        return 0
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        render(report)
-    return 0
+    return report if world.is_main else None

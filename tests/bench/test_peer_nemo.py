@@ -1,0 +1,141 @@
+"""bench/peer_nemo.py: NeMo AutoModel's DFlash step in its three padding modes, and what it counts.
+
+The expected blocks are worked out here from the samples' lengths and prompts alone, by the anchor
+rule of NeMo's DFlashTrainerModule._sample_anchor_positions: per row, min(num_anchors, v) anchors
+among the v positions a <= width - B with loss_mask[a] = 1 (packed: with B - 1 more tokens of its
+document after a); a block is supervised when one of its B - 1 labels is an assistant token."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if importlib.util.find_spec("nemo_automodel") is None:
+    pytest.skip("nemo_automodel is not importable (its wheel, --no-deps: bench/README.md)", allow_module_level=True)
+
+from transformers import Qwen3Config  # noqa: E402
+
+from blockdraft.bench.synthetic import SyntheticDataset  # noqa: E402
+from blockdraft.config import build_config  # noqa: E402
+from tests.conftest import TINY_TARGET  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("peer_nemo", Path(__file__).parents[2] / "bench" / "peer_nemo.py")
+peer_nemo = importlib.util.module_from_spec(_spec)
+sys.modules["peer_nemo"] = peer_nemo  # its dataclasses look their module up
+_spec.loader.exec_module(peer_nemo)
+
+SEQ, ROWS, B = 256, 2, 4
+
+
+@pytest.fixture(scope="module")
+def nemo():
+    return peer_nemo.load_nemo()
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return SyntheticDataset("mix", SEQ, 256, 64, median=90, sigma=0.6)
+
+
+def make_peer(nemo, num_anchors: int):
+    hf_cfg = Qwen3Config(vocab_size=256, **TINY_TARGET)
+    cfg = build_config({"target": {"path": "<random tiny>"}, "train": {"device": "cpu", "num_anchors": num_anchors}},
+                       ["drafter.num_layers=1", f"drafter.block_size={B}", "drafter.target_layer_ids=[1,2]"])
+    torch.manual_seed(0)
+    shape = peer_nemo.drafter_shape(cfg, hf_cfg)
+    return peer_nemo.Peer(nemo, hf_cfg, shape, cfg, torch.device("cpu"), "sdpa")
+
+
+def rows_of(mode: str, dataset: SyntheticDataset, count: int) -> list[list[int]]:
+    """Dataset indices in each row of the first `count` micro-batches (packed greedily, in order)."""
+    if mode != "pack":
+        return [[i] for i in range(count * ROWS)]
+    rows, row, used = [], [], 0
+    for i, n in enumerate(dataset.lengths.tolist()):
+        if row and used + n > SEQ:
+            rows.append(row)
+            row, used = [], 0
+        row.append(i)
+        used += n
+        if len(rows) == count * ROWS:
+            return rows
+    raise AssertionError("dataset too small")
+
+
+def anchor_rule(mode: str, dataset: SyntheticDataset, row: list[int], width: int) -> tuple[int, int]:
+    """(valid anchors, supervised valid anchors) of one row."""
+    valid = supervised = 0
+    for i in row:
+        n, p = int(dataset.lengths[i]), int(dataset.prompt[i])
+        if mode == "pack":  # the whole block inside the document: every label is an assistant token
+            valid += max(0, n - B - p + 1)
+            supervised += max(0, n - B - p + 1)
+        else:  # a <= width - B, inside the sample; supervised when a + 1 is still one of its tokens
+            valid += max(0, min(n - 1, width - B) - p + 1)
+            supervised += max(0, min(n - 2, width - B) - p + 1)
+    return valid, supervised
+
+
+@pytest.mark.parametrize("mode", peer_nemo.MODES)
+def test_each_mode_counts_the_real_tokens_and_the_blocks_its_anchor_rule_implies(nemo, dataset, mode):
+    peer = make_peer(nemo, num_anchors=4096)  # no cap: every valid anchor is drawn, so the count is exact
+    batches = list(peer_nemo.micro_batches(mode, dataset, nemo, SEQ, ROWS, 2))
+    rows = rows_of(mode, dataset, 2)
+    for k, batch in enumerate(batches):
+        width = batch["input_ids"].shape[1]
+        assert width == (SEQ if mode != "pad-longest" else max(int(dataset.lengths[i]) for r in
+                                                                 rows[k * ROWS:(k + 1) * ROWS] for i in r))
+        (micro,) = peer.update([batch])
+        loss, _, _, blocks, labels = micro.logged
+        mine = rows[k * ROWS:(k + 1) * ROWS]
+        assert micro.lengths == [int(dataset.lengths[i]) for r in mine for i in r]
+        assert sum(micro.lengths) == int(batch["attention_mask"].sum())
+        rule = [anchor_rule(mode, dataset, r, width) for r in mine]
+        assert int(micro.keep.sum()) == sum(v for v, _ in rule)
+        assert blocks == sum(s for _, s in rule)
+        assert 0 < labels <= blocks * (B - 1)
+        assert math.isfinite(loss)
+
+
+@pytest.mark.parametrize("mode", ["pad-max", "pack"])
+def test_num_anchors_caps_each_row_not_each_sample(nemo, dataset, mode):
+    cap = 8
+    peer = make_peer(nemo, num_anchors=cap)
+    batch = next(peer_nemo.micro_batches(mode, dataset, nemo, SEQ, ROWS, 1))
+    rows = rows_of(mode, dataset, 1)
+    if mode == "pack":
+        assert max(len(r) for r in rows) > 1  # a packed row holds several samples, and still gets `cap`
+    (micro,) = peer.update([batch])
+    rule = [anchor_rule(mode, dataset, r, SEQ) for r in rows]
+    assert int(micro.keep.sum()) == sum(min(cap, v) for v, _ in rule)
+    if mode == "pack":
+        assert micro.logged[3] == sum(min(cap, v) for v, _ in rule)
+
+
+def test_a_measured_mode_reports_bench_fields_from_its_updates(nemo):
+    peer = make_peer(nemo, num_anchors=64)
+    args = argparse.Namespace(steps=2, warmup=1, seq_len=SEQ, micro_batch=ROWS, mix_median=90.0, mix_sigma=0.6)
+    r = peer_nemo.measure_mode(peer, nemo, "mix", "pack", args, peak=None)
+    assert (r["steps"], r["mode"], r["profile"], r["skipped_micro_batches"], r["loss_finite"]) == (2, "pack", "mix",
+                                                                                                  0, True)
+    assert r["blocks_per_1k_tokens"] == pytest.approx(1000 * r["blocks"] / r["tokens"])
+    assert r["blocks"] <= 2 * ROWS * 64
+    assert r["tokens_per_s"] > 0 and r["blocks_per_s"] > 0 and r["mfu"] is None
+    assert 0 <= r["pad_frac"] < 1
+
+
+def test_full_lengths_run_one_mode_and_ratios_meet_the_issue_targets():
+    assert peer_nemo.runs(["full", "mix"], ["pad-max", "pack"]) == [("full", "pad-max"), ("mix", "pad-max"),
+                                                                     ("mix", "pack")]
+    ours = {"profiles": [{"profile": "full", "tokens_per_s": 20.0, "blocks_per_s": 4.0}]}
+    nemo_runs = [{"profile": "full", "mode": "pad-max", "tokens_per_s": 10.0, "blocks_per_s": 2.0},
+                 {"profile": "mix", "mode": "pack", "tokens_per_s": 10.0, "blocks_per_s": 2.0}]
+    (tokens, blocks) = peer_nemo.ratios(ours, nemo_runs)
+    assert (tokens["ratio"], tokens["target"], tokens["met"]) == (2.0, 1.6, True)
+    assert (blocks["field"], blocks["target"], blocks["met"]) == ("blocks_per_s", None, None)
