@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from blockdraft.data.cost import dataset_blocks
 from blockdraft.train.loop import Trainer
 from blockdraft.train.shapes import ShapeClasses, ladder, size_class
 
@@ -52,7 +53,7 @@ def test_a_padded_pass_gives_the_loss_and_gradients_of_the_unpadded_one(tiny_con
 @pytest.mark.filterwarnings("ignore")
 def test_a_compiled_length_mix_compiles_nothing_after_the_shape_warm_up():
     """CPU inductor, dense mask (flex attention has no CPU backward): after `warm_up` has run the
-    extreme shapes, a length mix whose noise ends at 0 compiles no graph at all (noise stays a tensor;
+    plan's picks, a length mix whose noise ends at 0 compiles no graph at all (noise stays a tensor;
     classes bound the shapes; the warm-up met every graph they need)."""
     from blockdraft.bench.measure import build_models
     from blockdraft.bench.shapes import target_config
@@ -74,10 +75,10 @@ def test_a_compiled_length_mix_compiles_nothing_after_the_shape_warm_up():
     assert hot.compile and hot.shapes is not None
     data = SyntheticDataset("mix", 256, 512, 500, median=90, sigma=0.7)
     counts, shapes = [], set()
-    assert hot.warm_up(256) >= 4 and graphs_compiled() > 0
-    assert all(p.grad is None for p in drafter.parameters())
-    with Prefetcher(data, BatchSampler(data.lengths, cfg.data, seed=0), depth=2, pin_memory=False,
-                    prepare=hot.prepare) as prefetcher:
+    sampler = BatchSampler(data.lengths, cfg.data, seed=0)
+    assert hot.warm_up(hot.warmup_batches(data, sampler, data.blocks(cfg), epochs=1)) >= 3
+    assert graphs_compiled() > 0 and all(p.grad is None for p in drafter.parameters())
+    with Prefetcher(data, sampler, depth=2, pin_memory=False, prepare=hot.prepare) as prefetcher:
         before = graphs_compiled()
         for k in range(1, 9):
             batch = hot.to_device(prefetcher.next())
@@ -106,7 +107,8 @@ def test_the_warm_up_leaves_the_run_as_it_was(tiny_config, monkeypatch):
     trainer.drafter.reset_parameters()
     trainer.hot.compile = True  # what warm_up looks at; the tiny config runs on the CPU's plain path
     rng = torch.get_rng_state()
-    assert trainer.hot.warm_up(int(trainer.dataset.lengths.max())) >= 5
+    batches = trainer.hot.warmup_batches(trainer.dataset, trainer.sampler, dataset_blocks(trainer.dataset, cfg), 2)
+    assert trainer.hot.warm_up(batches) >= 2
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(p.grad is None for p in trainer.drafter.parameters())
     vector, _ = trainer.hot.accumulate([batch], step=1, rank=0, noise_std=0.1)
@@ -115,18 +117,22 @@ def test_the_warm_up_leaves_the_run_as_it_was(tiny_config, monkeypatch):
         torch.testing.assert_close(b, a, rtol=0, atol=0)
 
 
-def test_the_warm_up_meets_every_block_class_a_run_can_show(tiny_config):
-    """One pass per rung of the ladder (up to max_blocks_per_pass), plus the full-length pass first."""
-    from blockdraft.train.hotpath import HotPath, warmup_batches
+def test_the_warm_up_picks_one_micro_batch_per_block_class_of_the_plan():
+    """Each class the plan's passes take, most frequent first (it keeps the static graph), then the
+    micro-batch with the most rows and the longest lone row, each micro-batch once."""
+    from blockdraft.train.hotpath import warmup_picks
 
-    cfg = tiny_config(train={"shape_classes": True, "num_anchors": 24, "max_blocks_per_pass": 160},
-                      data={"max_len": 96, "tokens_per_batch": 512})
-    trainer = Trainer(cfg, show_console=False)
-    trainer.prefetcher.close()
-    hot = HotPath(trainer.target, trainer.drafter, cfg, trainer.device)
-    batches = [hot.prepare(b) for b in warmup_batches(cfg, hot.shapes, hot.max_blocks, 96, 100)]
-    passes = [p.packed for b in batches for p in b.passes]
-    assert batches[0].input_ids.shape == (5, 96)  # the budget's rows of the longest length, first
-    assert {p.input_ids.shape[0] for p in passes} == {hot.shapes.context_size}
-    assert set(hot.shapes.block_ladder(160)) <= {p.padded_blocks for p in passes}
-    assert max(p.padded_blocks for p in passes) <= hot.shapes.blocks(160)
+    shapes = ShapeClasses.for_budget(16, 6144)  # block classes: multiples of 8, then 2^(1/8) steps
+    plan = [([3072, 3072], [512, 512]),  # 0: one pass of 1024 blocks
+            ([3072, 3072], [512, 512]),  # 1: the same class again
+            ([900] * 6, [400] * 6),  # 2: passes of 3, 3 rows: 1200 blocks, twice (max_blocks 1536)
+            ([100] * 40, [20] * 40),  # 3: the most rows: 800 blocks in one pass
+            ([3072], [7]),  # 4: a lone long row, 8 blocks
+            ([200], [150]),  # 5: a shorter lone row
+            ([3072, 3072], [512, 512])]
+    picks = warmup_picks(plan, shapes, 1536)
+    assert picks[0] == 0  # 1024 blocks: three passes; 1200-class: two; the rest one each
+    assert picks[1] == 2
+    assert sorted(picks) == [0, 2, 3, 4, 5]
+    classes = {shapes.blocks(1024), shapes.blocks(1200), shapes.blocks(800), shapes.blocks(7), shapes.blocks(150)}
+    assert len(classes) == 5

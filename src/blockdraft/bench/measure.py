@@ -12,6 +12,7 @@ supervised blocks (blocks with at least one label), each per second at the media
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any
@@ -106,7 +107,9 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     kept: list = []
     _sync(device)
     t0, before = time.perf_counter(), graphs_compiled()
-    warm_passes = hot.warm_up(args.seq_len)  # the extreme shapes' graphs, as `blockdraft train` compiles them
+    epochs = math.ceil((args.warmup + args.steps) * cfg.train.grad_accum / max(1, sampler.batches_per_epoch))
+    # the graphs of every pass shape of the plan, as `blockdraft train` compiles them before update 1
+    warm_passes = hot.warm_up(hot.warmup_batches(dataset, sampler, dataset.blocks(cfg), epochs))
     _sync(device)
     warm = {"warmup_passes": warm_passes, "warmup_s": time.perf_counter() - t0,
             "warmup_graphs_compiled": graphs_compiled() - before}

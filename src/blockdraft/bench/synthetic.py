@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from blockdraft.data.cost import SampleCosts, flop_costs, token_costs
+from blockdraft.data.cost import SampleCosts, flop_costs, sample_blocks, token_costs
 
 if TYPE_CHECKING:
     from blockdraft.config import Config
@@ -41,15 +41,23 @@ class SyntheticDataset:
         return len(self.lengths)
 
     def batch_costs(self, hf_cfg, cfg: Config, layer_ids: list[int]) -> SampleCosts:
-        """The costs `blockdraft train` cuts micro-batches by (`data.batch_cost`), for these samples:
-        their anchor candidates are the answer positions a >= 1 whose block fits, counted in closed form."""
+        """The costs `blockdraft train` cuts micro-batches by (`data.batch_cost`), for these samples."""
         if cfg.data.batch_cost == "tokens":
             return token_costs(self.lengths)
-        first = np.maximum(self.prompt, 1)
-        last = self.lengths - cfg.drafter.block_size  # a + B - 1 < length
-        counts = np.maximum(last - first + 1, 0)
-        pos_sums = counts * (first + last) / 2.0
+        counts, pos_sums = self._candidates(cfg.drafter.block_size)
         return flop_costs(self.lengths, counts, pos_sums, hf_cfg, cfg, layer_ids, self.lengths - self.prompt)
+
+    def blocks(self, cfg: Config) -> np.ndarray:
+        """[N] blocks each sample brings to a pass, as `data.cost.dataset_blocks` counts a dataset's."""
+        counts, _ = self._candidates(cfg.drafter.block_size)
+        return sample_blocks(counts, cfg.train.num_anchors, cfg.train.anchors_per_token, self.lengths - self.prompt)
+
+    def _candidates(self, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Anchor candidates (count, sum of positions): the answer positions a >= 1 whose block fits."""
+        first = np.maximum(self.prompt, 1)
+        last = self.lengths - block_size  # a + B - 1 < length
+        counts = np.maximum(last - first + 1, 0)
+        return counts, counts * (first + last) / 2.0
 
     def sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         n = int(self.lengths[i])

@@ -66,6 +66,17 @@ def anchor_candidates(dataset: TokenizedDataset, block_size: int) -> tuple[np.nd
     return counts, pos_sums
 
 
+def sample_blocks(
+    candidates: np.ndarray, num_anchors: int, anchors_per_token: float | None, answer_tokens: np.ndarray | None,
+) -> np.ndarray:
+    """[N] blocks per sample: min(candidates, num_anchors, and with a density ceil(density x answer
+    tokens), at least 1), the numpy form of `train.blocks.anchor_cap` applied to the candidates."""
+    blocks = np.minimum(candidates, num_anchors).astype(np.float64)
+    if anchors_per_token is not None and answer_tokens is not None:
+        blocks = np.minimum(blocks, np.maximum(np.ceil(answer_tokens * anchors_per_token - 1e-9), 1))
+    return blocks
+
+
 def _linear_terms(fn: Any, arity: int) -> list[float]:
     """Coefficients of a linear function without intercept: its values at the unit vectors."""
     return [fn(*[1 if k == j else 0 for k in range(arity)]) for j in range(arity)]
@@ -87,13 +98,16 @@ def flop_costs(
     per_width = np.asarray([target_flops([int(t)], target, max(layer_ids) + 1) for t in widths])
     c_len, c_blocks, c_seen, c_labels = _linear_terms(
         lambda *w: drafter_flops(DraftWork(*w), drafter, d.num_layers, len(layer_ids), b, hf_cfg.vocab_size), 4)
-    blocks = np.minimum(candidates, cfg.train.num_anchors).astype(np.float64)
-    density = cfg.train.anchors_per_token
-    if density is not None and answer_tokens is not None:  # as train.blocks.anchor_cap
-        blocks = np.minimum(blocks, np.maximum(np.ceil(answer_tokens * density - 1e-9), 1))
+    blocks = sample_blocks(candidates, cfg.train.num_anchors, cfg.train.anchors_per_token, answer_tokens)
     seen = blocks * candidate_pos_sums / np.maximum(candidates, 1)
     work = c_len * lengths + c_blocks * blocks + c_seen * seen + c_labels * blocks * (b - 1)
     return SampleCosts("flops", per_width[inverse], work)
+
+
+def answer_tokens(dataset: TokenizedDataset) -> np.ndarray:
+    """[N] loss tokens of each sample."""
+    starts = np.asarray(dataset.offsets[:-1], dtype=np.int64)
+    return np.add.reduceat(dataset.mask, starts, dtype=np.int64) if len(dataset.mask) else starts * 0
 
 
 def dataset_costs(dataset: TokenizedDataset, hf_cfg: Any, cfg: Config, layer_ids: list[int]) -> SampleCosts:
@@ -101,8 +115,11 @@ def dataset_costs(dataset: TokenizedDataset, hf_cfg: Any, cfg: Config, layer_ids
     if cfg.data.batch_cost == "tokens":
         return token_costs(dataset.lengths)
     counts, pos_sums = anchor_candidates(dataset, cfg.drafter.block_size)
-    answers = None
-    if cfg.train.anchors_per_token is not None:
-        starts = np.asarray(dataset.offsets[:-1], dtype=np.int64)
-        answers = np.add.reduceat(dataset.mask, starts, dtype=np.int64) if len(dataset.mask) else starts * 0
+    answers = answer_tokens(dataset) if cfg.train.anchors_per_token is not None else None
     return flop_costs(dataset.lengths, counts, pos_sums, hf_cfg, cfg, layer_ids, answers)
+
+
+def dataset_blocks(dataset: TokenizedDataset, cfg: Config) -> np.ndarray:
+    """[N] blocks each sample brings to a pass (as `train.blocks.row_blocks` counts them)."""
+    counts, _ = anchor_candidates(dataset, cfg.drafter.block_size)
+    return sample_blocks(counts, cfg.train.num_anchors, cfg.train.anchors_per_token, answer_tokens(dataset))

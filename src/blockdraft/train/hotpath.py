@@ -16,18 +16,20 @@ before update 1: the forward sees a bounded set of shapes and has compiled them 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from blockdraft.config import Config
-from blockdraft.data.prefetch import Batch
+from blockdraft.data.batching import BatchSampler, PlannedBatch
+from blockdraft.data.prefetch import Batch, collate
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.masks import dense_mask, flex_block_mask
 from blockdraft.model.target import Target
@@ -62,33 +64,27 @@ def graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def warmup_batches(cfg: Config, shapes: ShapeClasses, max_blocks: int, longest: int, vocab_size: int) -> list[Batch]:
-    """Synthetic micro-batches whose passes meet every shape a run's passes can take, the full-length
-    one first (a run of full-length batches keeps the static graph compiled for it): as many rows of
-    the longest length as the token budget holds; then one pass per block class of the ladder (rows
-    of at most num_anchors blocks); then one long row with a short answer and many short rows (the
-    target's extreme batch shapes). Every token is an answer token unless said otherwise."""
-    b, budget, cap = cfg.drafter.block_size, cfg.data.tokens_per_batch, cfg.train.num_anchors
-    density = cfg.train.anchors_per_token
-    most = max(2 * b, min(longest, cfg.data.max_len))
-    per_row = max(1, min(cap, most - b))
-    specs: list[tuple[list[int], int | None]] = [([most] * max(1, budget // most), None)]  # (row lengths, answer)
-    for v in shapes.block_ladder(max_blocks):
-        chunks = [per_row] * (v // per_row) + ([v % per_row] if v % per_row else [])
-        rows = [max(c + b, math.ceil(c / density) if density else 0) for c in chunks]  # c blocks each
-        if sum(rows) <= budget and max(rows) <= most:
-            specs.append((rows, None))
-    specs += [([most], 2 * b), ([2 * b] * max(1, min(budget // (2 * b), max_blocks // b)), None)]
-    gen = torch.Generator().manual_seed(0)
-    batches = []
-    for rows, answer in specs:
-        n, t = len(rows), max(rows)
-        lengths = torch.tensor(rows)
-        real = torch.arange(t)[None, :] < lengths[:, None]
-        ids = torch.randint(0, vocab_size, (n, t), generator=gen) * real
-        mask = real & (torch.arange(t)[None, :] >= lengths[:, None] - (answer or t))
-        batches.append(Batch(ids, mask, lengths, [], 0, 0, 0, 0.0, sum(rows), n * t))
-    return batches
+def warmup_picks(micro_batches: list[tuple[list[int], list[int]]], shapes: ShapeClasses, max_blocks: int) -> list[int]:
+    """micro_batches: the plan's (row lengths, row blocks) -> which of them to run before update 1 so that
+    every graph the plan needs is compiled: for each block class its passes take, the first micro-batch
+    with it, the most frequent class first (its graph is the static one: dynamo makes the later ones
+    dynamic); then the micro-batches with the most rows and with the longest lone row (the target's
+    batch shapes), if not picked already."""
+    first: dict[int, int] = {}
+    seen: dict[int, int] = {}
+    for i, (_, blocks) in enumerate(micro_batches):
+        for rows in split_rows(blocks, max_blocks):
+            c = shapes.blocks(sum(blocks[r] for r in rows))
+            first.setdefault(c, i)
+            seen[c] = seen.get(c, 0) + 1
+    picks = [first[c] for c in sorted(first, key=lambda c: (-seen[c], c))]
+    lone = [i for i, (lengths, _) in enumerate(micro_batches) if len(lengths) == 1]
+    widest = max(range(len(micro_batches)), key=lambda i: len(micro_batches[i][0]), default=None)
+    for extra in ([widest] if widest is not None else []) + ([max(lone, key=lambda i: micro_batches[i][0][0])]
+                                                             if lone else []):
+        if extra not in picks:
+            picks.append(extra)
+    return list(dict.fromkeys(picks))
 
 
 class DraftForward(nn.Module):
@@ -227,22 +223,42 @@ class HotPath:
             return block_loss(hidden, self.target.lm_head.weight, blocks.labels, blocks.label_mask, loss_cfg,
                               target_hidden)
 
-    def warm_up(self, longest: int) -> int:
-        """Compile before the first update the graphs that the run's extreme pass shapes need (`warmup_batches`):
-        a shape first met after hours would stall the run for a minute. The gradients are dropped and no
-        RNG stream of the run is drawn from, so the run's updates are what they would have been. Returns
-        the passes run (0 when nothing is compiled). longest: the longest sample the run can draw."""
-        if not self.compile or self.shapes is None:
+    @property
+    def warms_up(self) -> bool:
+        """Whether `warm_up` does anything: only compiled passes with shape classes have graphs to meet."""
+        return self.compile and self.shapes is not None
+
+    def warmup_batches(self, dataset: Any, sampler: BatchSampler, blocks: np.ndarray, epochs: int) -> list[Batch]:
+        """The micro-batches of the plan's first `epochs` epochs (all ranks' alike) that `warmup_picks`
+        chooses, collated; `blocks` are the samples' blocks (`data.cost.dataset_blocks`)."""
+        if not self.warms_up:
+            return []
+        plan = [(e, b, ids) for e in range(epochs) for b, ids in sampler.global_plan(e)]
+        rows = [(dataset.lengths[ids].tolist(), blocks[ids].astype(int).tolist()) for _, _, ids in plan]
+        out = []
+        for i in warmup_picks(rows, self.shapes, self.max_blocks):
+            e, b, ids = plan[i]
+            lengths = dataset.lengths[ids]
+            planned = PlannedBatch(e, i, i, b, ids, int(lengths.sum()), int(lengths.max()) * len(ids), 0.0)
+            out.append(collate(dataset, planned, 1, pin=False))
+        return out
+
+    def warm_up(self, batches: list[Batch]) -> int:
+        """Run before update 1 the micro-batches `warmup_picks` chose from the run's plan, so the graphs of
+        every pass shape the run will show are compiled before training: a shape first met after hours
+        would stall the run for a minute. Their gradients are dropped and they draw from no RNG stream of
+        the run, so the updates are what they would have been. Every rank runs the same micro-batches, so
+        DDP's reductions match. Returns the passes run (0 when nothing is compiled)."""
+        if not self.warms_up:
             return 0
         cfg, runs = self.cfg, 0
-        for batch in warmup_batches(cfg, self.shapes, self.max_blocks, longest, self.target.lm_head.weight.shape[0]):
+        for batch in batches:
             batch = self.to_device(self.prepare(batch))
             for i, part in enumerate(batch.passes):
                 g = anchor_generator(cfg.train.seed, 0, -1, i, self.device)  # no update's key
                 blocks = sample_blocks(part.packed, cfg.drafter.block_size, cfg.train.num_anchors,
                                        self.drafter.mask_token_id, g)
-                stats = self.micro_stats(part, blocks, 0.0, g)
-                stats.weighted_loss.backward()  # every rank runs the same passes: DDP's reductions match
+                self.micro_stats(part, blocks, 0.0, g).weighted_loss.backward()
                 runs += 1
         for p in self.drafter.parameters():
             p.grad = None

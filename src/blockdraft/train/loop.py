@@ -30,7 +30,7 @@ from blockdraft import __version__
 from blockdraft.config import Config, default_layer_ids, dump_config, total_warmup_steps
 from blockdraft.data.batching import BatchSampler
 from blockdraft.data.cache import TokenizedDataset, prepare_dataset
-from blockdraft.data.cost import dataset_costs
+from blockdraft.data.cost import dataset_blocks, dataset_costs
 from blockdraft.data.prefetch import Batch, Prefetcher
 from blockdraft.data.report import DataReport
 from blockdraft.data.summary import data_record
@@ -240,9 +240,14 @@ class Trainer:
         return StepEnd(rec, micro, step_time, stop)
 
     def _warm_up(self) -> None:
-        """The compiled graphs of the run's extreme shapes, before update 1 (`HotPath.warm_up`), logged."""
+        """The graphs of every pass shape the run's plan holds, compiled before update 1 (`HotPath.warm_up`)."""
+        if not self.hot.warms_up:
+            return
         t0 = time.time()
-        passes = self.hot.warm_up(int(self.dataset.lengths.max()))
+        per_epoch = max(1, self.sampler.batches_per_epoch // self.cfg.train.grad_accum)
+        epochs = math.ceil(self.total_steps / per_epoch)
+        batches = self.hot.warmup_batches(self.dataset, self.sampler, dataset_blocks(self.dataset, self.cfg), epochs)
+        passes = self.hot.warm_up(batches)
         if passes:
             self.log.write("warmup", self.step, passes=passes, seconds=time.time() - t0,
                            graphs_compiled=graphs_compiled())
