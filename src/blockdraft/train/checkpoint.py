@@ -2,8 +2,8 @@
 at any moment never leaves a checkpoint that a resume could pick.
 
 Layout: RUN/checkpoints/step-000200/
-  .metadata             DCP's index: each tensor's global shape, dtype and shards, and its place in
-                        the state dict {"model": drafter, "optim": AdamW state keyed by parameter name}
+  .metadata             DCP's index: each tensor's global shape, dtype, shards and place in the state
+                        dict {"model": drafter, "optim": AdamW state keyed by parameter name}
   __R_0.distcp          the fp32 weights and AdamW state that rank R held (one file per saving rank)
   drafter_config.json   the drafter's Qwen3Config (enough to export without the target)
   trainer.pt            the trainer's stateful parts by name (train state, data position and skip
@@ -16,20 +16,18 @@ rank 0 adds the other files, fsyncs each file and the folder, renames the folder
 the parent, writes COMMITTED (fsync), then points `latest` at it (a symlink swapped atomically) and
 prunes old checkpoints beyond keep_last. Resume trusts only COMMITTED folders.
 
-Asynchronous saves (`Checkpointer`, the trainer's one entry point): between two steps every rank
-stages a snapshot with DCP's own stager (`FileSystemWriter.stage`, what `dcp.async_save` runs before
-it returns: a copy of each tensor into host memory of its own; on CUDA, pinned buffers kept between
-saves and reserved off the loop after the first update; on CPU, fresh copies, since AdamW updates in
-place), then `dcp.save` writes it in a daemon thread of ours while training goes on (`dcp.async_save`'s
-executor thread would be joined at interpreter exit: a second Ctrl-C must not wait for a hung write).
-At most one save is in flight, so the only time the loop is held is the wait for the previous save
-(if still running) plus the copy.
+Asynchronous saves (`Checkpointer`, the trainer's one entry point): between two steps each rank stages
+a snapshot with DCP's own stager (`FileSystemWriter.stage`, what `dcp.async_save` runs before it
+returns: a copy into host tensors of its own, since AdamW updates in place; on CUDA, pinned buffers
+kept between saves and reserved off the loop after the first update), then `dcp.save` writes it in a
+daemon thread of ours while training goes on (`dcp.async_save`'s executor thread is joined at exit: a
+second Ctrl-C must not wait for a hung write). At most one save is in flight, so the loop is held
+only to wait for the previous save (if still running) and to copy.
 
-Readers: a resume at any world size (1 included) reads exactly the slices it needs;
-`load_checkpoint(..., with_training_state=False)` and `read_state` rebuild full tensors in one
-process from the checkpoint's own metadata (export, ckpt-scan, eval). A process without a process
-group saves and loads alone, which DCP detects by itself (its warning that it does is silenced).
-A checkpoint of an older blockdraft (drafter.safetensors, no .metadata) is refused in one line.
+Readers: a resume at any world size (1 included) reads the slices it needs; export, ckpt-scan and
+eval rebuild full tensors in one process from the checkpoint's own metadata. Without a process
+group, DCP saves and loads in this process alone. A checkpoint of an older blockdraft
+(drafter.safetensors, no .metadata) is refused in one line.
 """
 
 from __future__ import annotations
@@ -291,7 +289,7 @@ def _cause(exc: BaseException) -> str:
     """One line naming a failure. DCP wraps each rank's own in a CheckpointException: the lowest
     rank's is named."""
     if isinstance(exc, dcp.CheckpointException) and exc.failures:
-        rank, (exc, _) = min(exc.failures.items(), key=lambda kv: kv[0])
+        rank, (exc, _) = min(exc.failures.items())
         return f"{type(exc).__name__} on rank {rank}: {exc}"
     return f"{type(exc).__name__}: {exc}"
 
@@ -307,9 +305,8 @@ def _readable(path: Path) -> Iterator[None]:
 
 def _refuse_old_format(path: Path) -> None:
     if (path / OLD_WEIGHTS).is_file() and not (path / DCP_METADATA).is_file():
-        raise UserError(f"checkpoint {path} was written by an older blockdraft ({OLD_WEIGHTS}, no {DCP_METADATA}); "
-                        "this version reads torch.distributed.checkpoint folders only: export or resume it with "
-                        "the blockdraft that wrote it")
+        raise UserError(f"checkpoint {path} was written by an older blockdraft ({OLD_WEIGHTS}, no {DCP_METADATA}), "
+                        "which this one does not read: export or resume it with the blockdraft that wrote it")
 
 
 def resolve_checkpoint(path: Path) -> Path:
