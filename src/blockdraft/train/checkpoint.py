@@ -238,6 +238,8 @@ class Checkpointer:
             info.update(bytes=0, committed=False, error=_cause(exc))
         info.update(write_s=time.time() - t0, commit_time=time.time())
         self._result = info
+        if dist.is_initialized():  # no rank's save ends before rank 0's commit: a rollback reads one checkpoint
+            dist.barrier(group=self.group)
 
     def poll(self, wait: bool = False) -> dict[str, Any] | None:
         """The finished save's `checkpoint` fields (with its `step`), its stall counting any wait here."""
