@@ -24,7 +24,7 @@ from blockdraft.data.batching import BatchSampler
 from blockdraft.errors import UserError
 from blockdraft.model.export import load_drafter
 from blockdraft.telemetry.log import read_log
-from blockdraft.train.checkpoint import committed_checkpoints, load_checkpoint, read_sharded
+from blockdraft.train.checkpoint import committed_checkpoints, load_checkpoint, read_state
 from blockdraft.train.loop import Trainer
 from tests.conftest import make_config
 from tests.train.dist_worker import train_fixed
@@ -162,7 +162,7 @@ def test_sharded_checkpoints_resume_at_another_world_size_both_ways(tiny_config,
     one = Trainer(cfg.model_copy(update={"train": cfg.train.model_copy(update={"max_steps": 6})}), resume=True,
                   show_console=False)  # 1 rank: updates 4-6
     assert one.step == 3
-    _assert_same_state(one, read_sharded(ckpt))
+    _assert_same_state(one, read_state(ckpt))
     assert one.run().status == "completed"
 
     launch("-m", "blockdraft", "train", config_file, "train.max_steps=8", "--resume", "--no-console")  # 2, DDP
@@ -186,7 +186,7 @@ def test_sharded_checkpoints_resume_at_another_world_size_both_ways(tiny_config,
     subprocess.run([sys.executable, "-m", "blockdraft", "export", str(run), "--out", str(tmp_path / "export"),
                     "--dtype", "float32"], check=True, capture_output=True)
     exported = load_drafter(tmp_path / "export").state_dict()
-    for name, tensor in read_sharded(newest, {"model"})["model"].items():
+    for name, tensor in read_state(newest, {"model"})["model"].items():
         assert torch.equal(exported[name], tensor), name
 
 

@@ -1,5 +1,6 @@
 """Fault injection: a damaged checkpoint, kill -9 in the middle of a checkpoint write, a failing
-write (full disk). Nothing committed is ever harmed and `latest` never names a partial checkpoint."""
+write (full disk), a checkpoint of an older blockdraft. Nothing committed is ever harmed and `latest`
+never names a partial checkpoint."""
 
 import errno
 import os
@@ -10,11 +11,15 @@ import textwrap
 import time
 
 import pytest
+from torch.distributed.checkpoint import FileSystemWriter
 
+from blockdraft.cli import main
+from blockdraft.errors import UserError
 from blockdraft.telemetry.log import read_log
-from blockdraft.train import checkpoint
-from blockdraft.train.checkpoint import committed_checkpoints
+from blockdraft.train.checkpoint import committed_checkpoints, load_checkpoint
 from blockdraft.train.loop import Trainer
+
+SHARD = "__0_0.distcp"  # the DCP data file of a one-process save: the weights and AdamW state
 
 
 def _losses(run_dir) -> dict[int, float]:
@@ -25,14 +30,14 @@ def _losses(run_dir) -> dict[int, float]:
 def test_a_damaged_checkpoint_is_reported_and_the_previous_one_resumed(tiny_config, damage):
     cfg = tiny_config()
     run = Trainer(cfg, show_console=False).run().run_dir
-    newest = run / "checkpoints" / "step-000006" / "optimizer.pt"
+    newest = run / "checkpoints" / "step-000006" / SHARD
     raw = newest.read_bytes()
     newest.write_bytes(raw[: len(raw) // 2] if damage == "truncate" else raw[:-8] + bytes(8))
     resumed = Trainer(cfg, resume=True, show_console=False)
     resumed.prefetcher.close()
     assert resumed.step == 3
     (message,) = resumed.startup_warnings
-    assert "step-000006" in message and "optimizer.pt" in message and "previous checkpoint" in message
+    assert "step-000006" in message and SHARD in message and "previous checkpoint" in message
 
 
 def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_one(tiny_config, tmp_path):
@@ -42,22 +47,22 @@ def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_one(tiny_con
     ready = tmp_path / "writing"
     child = textwrap.dedent(f"""
         import pathlib, time
+        from torch.distributed.checkpoint import FileSystemWriter
         from blockdraft.config import Config
-        from blockdraft.train import checkpoint
         from blockdraft.train.loop import Trainer
 
-        write = checkpoint._write_files
+        write = FileSystemWriter.write_data
 
-        def hanging_write(tmp, *args):
-            out = write(tmp, *args)
-            if tmp.name.endswith("step-000006"):  # the final save: half-written files, then hang
-                target = tmp / "optimizer.pt"
+        def hanging_write(self, plan, planner):
+            out = write(self, plan, planner)
+            if self.path.name.endswith("step-000006"):  # the final save: a half-written shard, then hang
+                target = self.path / {SHARD!r}
                 target.write_bytes(target.read_bytes()[:100])
                 pathlib.Path({str(ready)!r}).touch()
                 time.sleep(600)
             return out
 
-        checkpoint._write_files = hanging_write
+        FileSystemWriter.write_data = hanging_write
         cfg = Config.model_validate_json(pathlib.Path({str(config_file)!r}).read_text())
         Trainer(cfg, show_console=False).run()
     """)
@@ -92,15 +97,15 @@ def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_one(tiny_con
 
 @pytest.mark.parametrize("failing_step", [3, 6])
 def test_a_failing_write_warns_and_latest_stays_on_a_complete_checkpoint(tiny_config, monkeypatch, failing_step):
-    write = checkpoint._write_files
+    write = FileSystemWriter.write_data
 
-    def disk_full(tmp, *args):
-        if tmp.name.endswith(f"step-{failing_step:06d}"):
-            (tmp / "drafter.safetensors").write_bytes(b"partial")
+    def disk_full(self, plan, planner):
+        if self.path.name.endswith(f"step-{failing_step:06d}"):
+            (self.path / SHARD).write_bytes(b"partial")
             raise OSError(errno.ENOSPC, "No space left on device")
-        return write(tmp, *args)
+        return write(self, plan, planner)
 
-    monkeypatch.setattr(checkpoint, "_write_files", disk_full)
+    monkeypatch.setattr(FileSystemWriter, "write_data", disk_full)
     result = Trainer(tiny_config(), show_console=False).run()
     assert result.status == "completed" and result.last_step == 6
     records = read_log(result.run_dir / "log.jsonl")
@@ -113,3 +118,23 @@ def test_a_failing_write_warns_and_latest_stays_on_a_complete_checkpoint(tiny_co
     assert good == [f"step-{6 if failing_step == 3 else 3:06d}"]
     assert (root / "latest").resolve().name == good[-1]
     assert not list(root.glob(".tmp-*")) and not (root / f"step-{failing_step:06d}").exists()
+
+
+def test_a_checkpoint_of_an_older_blockdraft_is_one_clear_line(tiny_config, tmp_path, capsys):
+    cfg = tiny_config()
+    run = Trainer(cfg, show_console=False).run().run_dir
+    old = run / "checkpoints" / "step-000006"
+    for f in old.iterdir():  # the format before DCP: drafter.safetensors + optimizer.pt, no .metadata
+        if f.name.startswith((".metadata", "__")):
+            f.unlink()
+    (old / "drafter.safetensors").write_bytes(b"weights")
+    (old / "optimizer.pt").write_bytes(b"adamw")
+    with pytest.raises(UserError, match="written by an older blockdraft"):
+        load_checkpoint(old)
+    with pytest.raises(UserError, match="written by an older blockdraft"):  # no damage to pass over
+        Trainer(cfg, resume=True, show_console=False)
+    capsys.readouterr()
+    for argv in (["export", str(run), "--out", str(tmp_path / "export")], ["ckpt-scan", str(old)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "step-000006 was written by an older blockdraft" in err and "\n" not in err, err

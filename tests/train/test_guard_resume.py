@@ -30,7 +30,7 @@ def _spiked_guard() -> tuple[StepGuard, float]:
 def test_a_guard_restored_through_a_checkpoint_file_refuses_what_the_original_refuses(tmp_path):
     guard, spike = _spiked_guard()
     guard.check(0, float("nan"), 0.5)
-    torch.save({"guard": guard.state_dict()}, tmp_path / "trainer.pt")  # as both checkpoint paths write it
+    torch.save({"guard": guard.state_dict()}, tmp_path / "trainer.pt")  # as a checkpoint writes it
     restored = StepGuard(GuardConfig(min_history=MIN_HISTORY, spike_k=10))
     restored.load_state_dict(torch.load(tmp_path / "trainer.pt", weights_only=True)["guard"])
     assert StepGuard(GuardConfig(min_history=MIN_HISTORY, spike_k=10)).check(0, spike, 0.5) is None  # no history

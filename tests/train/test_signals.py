@@ -1,6 +1,6 @@
 """Signals and kill -9 on a real training process: a second SIGTERM leaves at once without touching
 the committed checkpoints; a run killed with SIGKILL at a random step and resumed ends with exactly
-the weights and losses of an uninterrupted run."""
+the weights, AdamW state and losses of an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from safetensors.torch import load_file
+import torch
 
 from blockdraft.telemetry.log import read_log
-from blockdraft.train.checkpoint import committed_checkpoints
+from blockdraft.train.checkpoint import committed_checkpoints, read_state
 from blockdraft.train.loop import Trainer
 
 
@@ -51,17 +51,17 @@ def test_a_second_sigterm_exits_at_once_and_leaves_the_committed_checkpoint(tiny
     # every save after step 3 hangs half-written: the first SIGTERM's final save never finishes
     proc = _start(config_file, f"""
         import pathlib, time
-        from blockdraft.train import checkpoint
-        write = checkpoint._write_files
+        from torch.distributed.checkpoint import FileSystemWriter
+        write = FileSystemWriter.write_data
 
-        def hanging_write(tmp, *args):
-            if tmp.name == ".tmp-step-000003":
-                return write(tmp, *args)
-            (tmp / "drafter.safetensors").write_bytes(b"partial")
+        def hanging_write(self, plan, planner):
+            if self.path.name == ".tmp-step-000003":
+                return write(self, plan, planner)
+            (self.path / "__0_0.distcp").write_bytes(b"partial")
             pathlib.Path({str(writing)!r}).touch()
             time.sleep(600)
 
-        checkpoint._write_files = hanging_write
+        FileSystemWriter.write_data = hanging_write
     """)
     try:
         _wait_for(proc, writing.exists, "a hanging save")
@@ -121,7 +121,10 @@ def test_sigkill_at_a_random_step_then_resume_ends_with_the_uninterrupted_weight
     records = _steps(log)
     assert [r["step"] for r in records] == [*range(1, reached + 1), *range(start + 1, steps + 1)], msg
     assert [r["loss"] for r in records] == [expected[r["step"]] for r in records], msg  # bit-identical
-    final = load_file(full.run_dir / "checkpoints" / f"step-{steps:06d}" / "drafter.safetensors")
-    again = load_file(log.parent / "checkpoints" / f"step-{steps:06d}" / "drafter.safetensors")
-    assert final.keys() == again.keys()
-    assert all((final[k] == again[k]).all() for k in final), msg
+    final = read_state(full.run_dir / "checkpoints" / f"step-{steps:06d}")
+    again = read_state(log.parent / "checkpoints" / f"step-{steps:06d}")
+    assert final["model"].keys() == again["model"].keys()
+    assert all(torch.equal(final["model"][k], again["model"][k]) for k in final["model"]), msg
+    adam, adam_again = final["optim"]["state"], again["optim"]["state"]
+    moments = [(name, key) for name, held in adam.items() for key in held]
+    assert moments and all(torch.equal(adam[n][k], adam_again[n][k]) for n, k in moments), msg

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from blockdraft.bench.synthetic import SyntheticDataset
 from blockdraft.config import Config, default_layer_ids
@@ -278,26 +279,29 @@ def write_profile(hot, micro: list, out_dir: str, profile: str) -> None:
 def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float | None]:
     """What a save holds the loop for, against its floor: one device-to-host copy of the same bytes.
 
-    As in training, the pinned buffers are reserved in the background before the first save
-    (`reserve_s`, off the loop); `first_s` and `steady_s` are the loop's holds at the first and a later
-    save; `d2h_s` is one contiguous copy of the state's bytes into pinned memory (median of 3)."""
-    from blockdraft.train.staging import Stager
+    The staging is the trainer's own (`dcp.async_save` through `host_stager`). As in training, on a GPU
+    the pinned buffers are reserved before the first save (`reserve_s`, off the loop); `first_s` and
+    `steady_s` are the loop's holds at the first and a later save; `d2h_s` is one contiguous copy of
+    the state's bytes into pinned memory (median of 3)."""
+    from blockdraft.train import distributed
+    from blockdraft.train.checkpoint import host_stager
 
-    state = {"model": hot.drafter.state_dict(), "optim": optimizer.state_dict()}
-    stager = Stager()
+    state = distributed.state_dicts(hot.drafter, optimizer)
+    stager = host_stager()
     t0 = time.perf_counter()
-    stager.reserve(state).join()
+    if stager.cache_staged_state_dict:
+        stager.stage(state)
     reserve_s = time.perf_counter() - t0
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
-        stager.stage(state)
+        staged = stager.stage(state)
         times.append(time.perf_counter() - t0)
     out: dict[str, float | None] = {"reserve_s": reserve_s, "first_s": times[0],
                                     "steady_s": statistics.median(times[1:]), "d2h_s": None, "first_over_d2h": None}
     if hot.device.type == "cuda":
-        nbytes = stager.nbytes
-        del stager
+        nbytes = _nbytes(staged)
+        del stager, staged
         src = torch.empty(nbytes, dtype=torch.uint8, device=hot.device)
         dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         copies = []
@@ -311,3 +315,13 @@ def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float |
         out["first_over_d2h"] = times[0] / out["d2h_s"]
         out["gb"] = nbytes / 1e9
     return out
+
+
+def _nbytes(node: Any) -> int:
+    """Bytes of the tensors of a nested state dict (of a DTensor, this rank's shard)."""
+    if isinstance(node, torch.Tensor):
+        local = node.to_local() if isinstance(node, DTensor) else node
+        return local.numel() * local.element_size()
+    if isinstance(node, dict):
+        node = list(node.values())
+    return sum(_nbytes(v) for v in node) if isinstance(node, (list, tuple)) else 0

@@ -91,9 +91,6 @@ def render(report: dict[str, Any]) -> None:
                       verdict)
     console.print(table)
     stall = report["checkpoint_stall"]
-    if stall is None:
-        console.print("checkpoint stall: not measured under torchrun (data-parallel runs save with dcp.async_save)")
-        return
     floor = f"; one device-to-host copy of the same bytes {stall['d2h_s']:.2f}s" if stall["d2h_s"] else ""
     console.print(f"checkpoint stall (staging drafter + AdamW state): first save {stall['first_s']:.2f}s, "
                   f"then {stall['steady_s']:.2f}s (pinned buffers reserved off the loop in "
@@ -169,7 +166,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any] | None:
 
     report = {"env": env, "profiles": [progress(p, run_profile(hot, optimizer, cfg, p, args, hf_cfg, peak, world))
                                        for p in profiles]}
-    # data-parallel training saves through dcp.async_save, not this stager: not measured there
-    report["checkpoint_stall"] = None if world.distributed else progress("checkpoint", checkpoint_stall(hot, optimizer))
+    report["checkpoint_stall"] = progress("checkpoint", checkpoint_stall(hot, optimizer))
     distributed.shutdown()
     return report if world.is_main else None

@@ -58,11 +58,8 @@ def tensor_stats(name: str, t: Any) -> dict[str, Any]:
 
 
 def scan(path: Path) -> dict[str, Any]:
-    import torch
-    from safetensors.torch import load_file
-
     from blockdraft.errors import UserError
-    from blockdraft.train.checkpoint import is_sharded, read_sharded, resolve_checkpoint, verify_checkpoint
+    from blockdraft.train.checkpoint import read_state, resolve_checkpoint, verify_checkpoint
 
     ckpt = resolve_checkpoint(path)
     damaged = None
@@ -70,20 +67,11 @@ def scan(path: Path) -> dict[str, Any]:
         verify_checkpoint(ckpt)
     except UserError as exc:
         damaged = str(exc)
-    tensors: list[tuple[str, Any]] = []
     try:
-        if is_sharded(ckpt):  # written by several ranks: gathered here, in this process alone
-            state = read_sharded(ckpt)
-            tensors += _flatten(state["model"], "drafter")
-            tensors += _flatten(state.get("optim", {}).get("state", {}), "optimizer")
-        else:
-            tensors += _flatten(load_file(ckpt / "drafter.safetensors"), "drafter")
-            optim = ckpt / "optimizer.pt"
-            if optim.is_file():
-                tensors += _flatten(torch.load(optim, map_location="cpu", weights_only=True).get("state", {}),
-                                    "optimizer")
+        state = read_state(ckpt)  # the shards of every rank, gathered here, in this process alone
     except (OSError, ValueError, RuntimeError) as exc:
         raise UserError(f"checkpoint {ckpt} is unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
+    tensors = _flatten(state["model"], "drafter") + _flatten(state.get("optim", {}).get("state", {}), "optimizer")
     rows = [tensor_stats(name.removeprefix("drafter."), t) for name, t in tensors]
     bad = [r["name"] for r in rows if r["nan"] or r["inf"]]
     return {"path": str(ckpt), "tensors": rows, "nonfinite_tensors": bad, "damaged": damaged}

@@ -1,33 +1,38 @@
-"""Atomic checkpoints: a crash at any moment never leaves a checkpoint that a resume could pick.
+"""Atomic checkpoints in one format, torch.distributed.checkpoint (DCP), at every world size: a crash
+at any moment never leaves a checkpoint that a resume could pick.
 
 Layout: RUN/checkpoints/step-000200/
-  drafter.safetensors   fp32 master weights (unprefixed names, as in the export)
+  .metadata             DCP's index: each tensor's global shape, dtype, shards and place in the state
+                        dict {"model": drafter, "optim": AdamW state keyed by parameter name}
+  __R_0.distcp          the fp32 weights and AdamW state that rank R held (one file per saving rank)
   drafter_config.json   the drafter's Qwen3Config (enough to export without the target)
-  optimizer.pt          AdamW state
   trainer.pt            the trainer's stateful parts by name (train state, data position and skip
                         list, RNG, guard windows, time-budget plan): plain Python + tensors
   trainer.json          step, schedule and skip list, human-readable, plus the resolved config
   COMMITTED             written last: its presence is the only proof a checkpoint is complete
 
-Order: write everything into `.tmp-step-000200/`, fsync each file and the folder, rename the folder
-into place, fsync the parent, write COMMITTED (fsync), then point `latest` at it (a symlink swapped
-atomically) and prune old checkpoints beyond keep_last. Resume trusts only COMMITTED folders.
+Order: every rank writes its DCP file into `.tmp-step-000200/` (on a file system every rank sees);
+rank 0 adds the other files, fsyncs each file and the folder, renames the folder into place, fsyncs
+the parent, writes COMMITTED (fsync), then points `latest` at it (a symlink swapped atomically) and
+prunes old checkpoints beyond keep_last. Resume trusts only COMMITTED folders.
 
-Asynchronous saves (`Checkpointer`, the trainer's one entry point): a consistent snapshot is staged
-into host memory between two steps (`Stager`, pinned and reused buffers for GPU tensors) and
-written with the protocol above in a background thread while training goes on; at most one save
-is in flight, so the only time the loop is held is the wait for the previous save (if still
-running) plus the copy.
+Asynchronous saves (`Checkpointer`, the trainer's one entry point): between two steps each rank stages
+a snapshot with DCP's own stager (`FileSystemWriter.stage`, what `dcp.async_save` runs before it
+returns: a copy into host tensors of its own, since AdamW updates in place; on CUDA, pinned buffers
+kept between saves and reserved off the loop after the first update), then `dcp.save` writes it in a
+daemon thread of ours while training goes on (`dcp.async_save`'s executor thread is joined at exit: a
+second Ctrl-C must not wait for a hung write). At most one save is in flight, so the loop is held
+only to wait for the previous save (if still running) and to copy.
 
-Data-parallel runs: drafter.safetensors and optimizer.pt are replaced by DCP's files (`.metadata`
-+ one `__R_0.distcp` per rank), written by every rank into the same temp folder (on a file system
-every rank sees); rank 0 adds the other files and commits as above. DCP records each tensor's
-global shape and shards, so a resume at any world size (1 included) reads exactly the slices it
-needs, and `load_checkpoint(..., with_training_state=False)` gathers the full drafter for export.
+Readers: a resume at any world size (1 included) reads the slices it needs; export, ckpt-scan and
+eval rebuild full tensors in one process from the checkpoint's own metadata. Without a process
+group, DCP saves and loads in this process alone. A checkpoint of an older blockdraft
+(drafter.safetensors, no .metadata) is refused in one line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -35,7 +40,7 @@ import threading
 import time
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -44,22 +49,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from blockdraft.errors import UserError
-from blockdraft.train.staging import Stager
 
 MARKER = "COMMITTED"
-DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index: marks a sharded checkpoint
+DCP_METADATA = ".metadata"
+OLD_WEIGHTS = "drafter.safetensors"  # the weights file of the format before DCP
 
 
-@dataclass
-class SavedCheckpoint:
-    path: Path
-    bytes: int
-    write_s: float
+@contextlib.contextmanager
+def _alone_quietly() -> Iterator[None]:
+    """Around each dcp.save and dcp.load. Without a process group, DCP saves and loads in this process
+    alone (it detects that itself) and warns each time it does: here, that is the intent."""
+    with warnings.catch_warnings():
+        if not dist.is_initialized():
+            warnings.filterwarnings("ignore", "torch.distributed is .* in a single process", UserWarning)
+        yield
 
 
 def _fsync_file(path: Path) -> None:
@@ -87,18 +94,11 @@ def committed_checkpoints(ckpt_root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
-def save_checkpoint(ckpt_root: Path, step: int, drafter_state: dict[str, torch.Tensor], drafter_config: dict[str, Any],
-                    optimizer_state: dict[str, Any], trainer_state: dict[str, Any], trainer_info: dict[str, Any],
-                    keep_last: int) -> SavedCheckpoint:
-    t0 = time.time()
-    tmp = _fresh_tmp(ckpt_root, step)
-    try:
-        manifest = _write_files(tmp, drafter_state, drafter_config, optimizer_state, trainer_state, trainer_info)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # a failed write (full disk) leaves nothing behind
-        raise
-    path, size = _commit(ckpt_root, tmp, step, manifest, keep_last)
-    return SavedCheckpoint(path, size, time.time() - t0)
+def host_stager() -> FileSystemWriter:
+    """DCP's file writer, which is also the stager `dcp.async_save` would use: `stage` copies the state
+    into host tensors of its own (on CUDA, pinned buffers kept for the next save), so that a write in
+    the background never sees a later update. Its path is set by each save."""
+    return FileSystemWriter(".", cache_staged_state_dict=torch.cuda.is_available())
 
 
 def _fresh_tmp(ckpt_root: Path, step: int) -> Path:
@@ -136,18 +136,9 @@ def _crc32(path: Path) -> int:
     return crc
 
 
-def _write_files(tmp: Path, drafter_state: dict[str, torch.Tensor], drafter_config: dict[str, Any],
-                 optimizer_state: dict[str, Any], trainer_state: dict[str, Any], trainer_info: dict[str, Any],
-                 ) -> dict[str, tuple[int, int]]:
-    """Write and fsync every file; returns {name: (bytes, crc32)} for the COMMITTED manifest."""
-    save_file({k: v.contiguous() for k, v in drafter_state.items()}, tmp / "drafter.safetensors")
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    _write_meta(tmp, drafter_config, trainer_state, trainer_info)
-    return _seal(tmp)
-
-
 def _write_meta(tmp: Path, drafter_config: dict[str, Any], trainer_state: dict[str, Any],
                 trainer_info: dict[str, Any]) -> None:
+    """The files besides DCP's, written by rank 0 once every rank's DCP write is done."""
     (tmp / "drafter_config.json").write_text(json.dumps(drafter_config, indent=2))
     torch.save(trainer_state, tmp / "trainer.pt")
     (tmp / "trainer.json").write_text(json.dumps(trainer_info, indent=2, default=str))
@@ -181,82 +172,74 @@ def verify_checkpoint(path: Path) -> None:
 
 
 class Checkpointer:
-    """`save` stages the state and writes it in a background thread (one save in flight); `poll`
-    hands a finished save's record to the training thread (only that thread writes the log);
-    `newest` finds what a resume reads. Data-parallel (`group`: a gloo group of its own, so its
-    collectives never interleave with the training's), every rank saves at the same step: DCP
-    stages this rank's shards (the loop's only hold) and writes them; once the coordinator's
-    save returns, rank 0 adds the trainer files, seals and commits."""
+    """`save` stages the state and writes it in the background (one save in flight); `poll` hands a
+    finished save's record to the training thread (only that thread writes the log); `newest` finds
+    what a resume reads. Under a process group (`group`: a gloo group of its own, so its collectives
+    never interleave with the training's) every rank saves at the same step and writes its shards;
+    once the coordinator's DCP write returns, rank 0 adds the trainer files, seals and commits."""
 
     def __init__(self, root: Path, keep_last: int, rank: int = 0, group: dist.ProcessGroup | None = None) -> None:
         self.root, self.keep_last, self.rank, self.group = root, keep_last, rank, group
-        self.stager = None if group is not None else Stager()
-        self._reserved = False
-        self._writer: FileSystemWriter | None = None  # kept: on CUDA it reuses its pinned staging buffers
+        self._writer = host_stager()  # kept: on CUDA it reuses its pinned staging buffers
+        self._reserving: threading.Thread | None = None
         self._thread: threading.Thread | None = None
         self._result: dict[str, Any] | None = None
 
     def reserve(self, live: Callable[[], dict[str, Any]]) -> None:
-        """Pin the staging buffers in the background, once the state exists in full (AdamW's too)."""
-        if self.stager is not None and not self._reserved:
-            self.stager.reserve(live())
-            self._reserved = True
+        """Pin the staging buffers in the background, once the state exists in full (AdamW's too):
+        pinning 16 bytes a parameter takes seconds (8.8 s for 12.6 GB on an H200 host), which the
+        first save would otherwise hold the loop for. On CPU nothing is kept: nothing to reserve."""
+        if self._writer.cache_staged_state_dict and self._reserving is None:
+            self._reserving = threading.Thread(target=self._writer.stage, args=(live(),), name="pin-buffers",
+                                               daemon=True)
+            self._reserving.start()
 
-    def save(self, step: int, model: dict[str, Any], optim: dict[str, Any], drafter_config: dict[str, Any],
-             trainer_state: dict[str, Any], trainer_info: dict[str, Any]) -> None:
-        """`model`/`optim` are the live state dicts; the caller has waited for the previous save."""
+    def save(self, step: int, state: dict[str, Any], drafter_config: dict[str, Any], trainer_state: dict[str, Any],
+             trainer_info: dict[str, Any]) -> None:
+        """`state` is this rank's live {"model", "optim"}; the caller has waited for the previous save."""
         if self._thread is not None:
             raise RuntimeError("a checkpoint is already in flight; poll(wait=True) first")
         t0 = time.perf_counter()
-        if self.stager is not None:
-            staged = self.stager.stage({"model": model, "optim": optim})
-            write = partial(save_checkpoint, self.root, step, staged["model"], drafter_config, staged["optim"],
-                            trainer_state, trainer_info, self.keep_last)
-        else:
-            write = self._sharded(step, model, optim, drafter_config, trainer_state, trainer_info)
+        if self._reserving is not None:  # a save before the buffers are ready waits for them (counted as stall)
+            self._reserving.join()
+        staged = self._writer.stage(state)  # a copy: AdamW's next update must not reach the write
+        tmp = _fresh_tmp(self.root, step) if self.rank == 0 else self.root / f".tmp-{step_dir_name(step)}"
+        if dist.is_initialized():
+            dist.barrier(group=self.group)  # no rank writes before rank 0 has emptied the folder
+        finish = partial(self._finish, step, tmp, staged, drafter_config, trainer_state, trainer_info)
         self._result = None
-        self._thread = threading.Thread(target=self._write, args=(step, time.perf_counter() - t0, write),
+        self._thread = threading.Thread(target=self._write, args=(step, time.perf_counter() - t0, finish),
                                         name="checkpoint", daemon=True)
         self._thread.start()
 
-    def _sharded(self, step: int, model: dict[str, Any], optim: dict[str, Any], drafter_config: dict[str, Any],
-                 trainer_state: dict[str, Any], trainer_info: dict[str, Any]) -> Callable[[], SavedCheckpoint]:
-        """Start every rank's DCP write (staged before this returns); the rest of the save, to finish it."""
-        tmp = self.root / f".tmp-{step_dir_name(step)}"
-        if self.rank == 0:
-            tmp = _fresh_tmp(self.root, step)
-        dist.barrier(group=self.group)
-        if self._writer is None:
-            self._writer = FileSystemWriter(tmp, cache_staged_state_dict=torch.cuda.is_available())
-        future = dcp.async_save({"model": model, "optim": optim}, checkpoint_id=tmp, storage_writer=self._writer,
-                                process_group=self.group)
-        started = time.time()
-
-        def finish() -> SavedCheckpoint:
-            try:
-                future.result()
-            except BaseException:  # reported on every rank; no rank writes any more: clean up once
-                if self.rank == 0:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                raise
+    def _finish(self, step: int, tmp: Path, staged: dict[str, Any], drafter_config: dict[str, Any],
+                trainer_state: dict[str, Any], trainer_info: dict[str, Any]) -> tuple[Path, int]:
+        """The DCP write; then, on rank 0, the trainer files and the commit. (path, bytes)."""
+        try:  # a rank's failed write fails it on every rank: no rank writes any more
+            with _alone_quietly():
+                dcp.save(staged, checkpoint_id=tmp, storage_writer=self._writer, process_group=self.group)
             if self.rank != 0:
-                return SavedCheckpoint(self.root / step_dir_name(step), 0, time.time() - started)
+                return self.root / step_dir_name(step), 0
             _write_meta(tmp, drafter_config, trainer_state, trainer_info)
-            path, size = _commit(self.root, tmp, step, _seal(tmp), self.keep_last)
-            return SavedCheckpoint(path, size, time.time() - started)
+            manifest = _seal(tmp)
+        except BaseException:
+            if self.rank == 0:  # a failed write (full disk) leaves nothing behind
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return _commit(self.root, tmp, step, manifest, self.keep_last)
 
-        return finish
-
-    def _write(self, step: int, stall_s: float, write: Callable[[], SavedCheckpoint]) -> None:
+    def _write(self, step: int, stall_s: float, finish: Callable[[], tuple[Path, int]]) -> None:
         info: dict[str, Any] = {"step": step, "path": str(self.root / step_dir_name(step)), "stall_s": stall_s}
         t0 = time.time()
         try:
-            saved = write()
-            info.update(path=str(saved.path), write_s=saved.write_s, bytes=saved.bytes, committed=True)
-        except Exception as exc:  # reported by the trainer as a warning; training goes on
-            info.update(write_s=time.time() - t0, bytes=0, committed=False, error=f"{type(exc).__name__}: {exc}")
-        info["commit_time"] = time.time()
+            path, size = finish()
+            info.update(path=str(path), bytes=size, committed=True)
+        except (Exception, dcp.CheckpointException) as exc:  # reported by the trainer as a warning; training goes on
+            info.update(bytes=0, committed=False, error=_cause(exc))
+        info.update(write_s=time.time() - t0, commit_time=time.time())
         self._result = info
+        if dist.is_initialized():  # no rank's save ends before rank 0's commit: a rollback reads one checkpoint
+            dist.barrier(group=self.group)
 
     def poll(self, wait: bool = False) -> dict[str, Any] | None:
         """The finished save's `checkpoint` fields (with its `step`), its stall counting any wait here."""
@@ -270,9 +253,11 @@ class Checkpointer:
         return self._result
 
     def newest(self, warn: Callable[[str], None]) -> LoadedCheckpoint | None:
-        """The newest committed checkpoint that loads; a damaged one goes to `warn` and is passed over."""
+        """The newest committed checkpoint that loads; a damaged one goes to `warn` and is passed over
+        (one of an older blockdraft is no damage: it stops the resume with its own message)."""
         damaged = False
         for path in reversed(committed_checkpoints(self.root)):
+            _refuse_old_format(path)
             try:
                 return load_checkpoint(path)
             except UserError as exc:
@@ -302,64 +287,83 @@ def _prune(ckpt_root: Path, keep_last: int) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
+def _cause(exc: BaseException) -> str:
+    """One line naming a failure. DCP wraps each rank's own in a CheckpointException: the lowest
+    rank's is named."""
+    if isinstance(exc, dcp.CheckpointException) and exc.failures:
+        rank, (exc, _) = min(exc.failures.items())
+        return f"{type(exc).__name__} on rank {rank}: {exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+@contextlib.contextmanager
+def _readable(path: Path) -> Iterator[None]:
+    """A failure to read the checkpoint at `path` becomes one UserError line."""
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError, KeyError, dcp.CheckpointException) as exc:
+        raise UserError(f"checkpoint {path} is unreadable ({_cause(exc)[:200]})") from None
+
+
+def _refuse_old_format(path: Path) -> None:
+    if (path / OLD_WEIGHTS).is_file() and not (path / DCP_METADATA).is_file():
+        raise UserError(f"checkpoint {path} was written by an older blockdraft ({OLD_WEIGHTS}, no {DCP_METADATA}), "
+                        "which this one does not read: export or resume it with the blockdraft that wrote it")
+
+
 def resolve_checkpoint(path: Path) -> Path:
     """A checkpoint folder, a run folder or a checkpoints folder -> the newest COMMITTED checkpoint."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"checkpoint path not found: {path}")
     if (path / MARKER).is_file():
-        return path.resolve()
-    for root in (path / "checkpoints", path):
-        found = committed_checkpoints(root)
-        if found:
-            return found[-1]
-    if (path / "drafter.safetensors").is_file() or (path / DCP_METADATA).is_file():
-        raise UserError(f"{path} is an incomplete checkpoint (no {MARKER} marker): it was never finished")
-    raise UserError(f"no complete checkpoint under {path}")
+        found = [path.resolve()]
+    else:
+        found = committed_checkpoints(path / "checkpoints") or committed_checkpoints(path)
+    if not found:
+        if (path / DCP_METADATA).is_file() or (path / OLD_WEIGHTS).is_file():
+            raise UserError(f"{path} is an incomplete checkpoint (no {MARKER} marker): it was never finished")
+        raise UserError(f"no complete checkpoint under {path}")
+    _refuse_old_format(found[-1])
+    return found[-1]
 
 
 @dataclass
 class LoadedCheckpoint:
-    """A checkpoint read back. Sharded, with training state: no drafter or optimizer state (the
-    trainer loads them in place, resharded); without it, the drafter gathered in full."""
+    """A checkpoint read back. With training state: no drafter state (the trainer loads it in place,
+    resharded, with AdamW's); without it, the drafter gathered in full. `parts`: the state dict's
+    top-level keys ("optim" is absent from a save before AdamW's first update)."""
 
     path: Path
     drafter_state: dict[str, torch.Tensor] | None
     drafter_config: dict[str, Any]
-    optimizer_state: dict[str, Any] | None
     trainer_state: dict[str, Any] | None
-    sharded: bool = False
+    parts: set[str]
 
 
-def is_sharded(path: Path) -> bool:
-    return (path / DCP_METADATA).is_file()
-
-
-def read_sharded(path: Path, keys: set[str] | None = None) -> dict[str, Any]:
-    """Full tensors of a sharded checkpoint, in this process alone ({"model": ..., "optim": ...}), or
-    only the top-level `keys`. The state dict is rebuilt from the checkpoint's own metadata (each
-    entry's shape and dtype, and its place in the nested dict), so no model or config is needed."""
-    reader = FileSystemReader(path)
-    meta = reader.read_metadata()
+def read_state(path: Path, keys: set[str] | None = None) -> dict[str, Any]:
+    """Full tensors of a checkpoint, in this process alone ({"model": ..., "optim": ...}), or only
+    the top-level `keys`. The state dict is rebuilt from the checkpoint's own metadata (each entry's
+    shape and dtype, and its place in the nested dict), so no model or config is needed."""
+    with _readable(path):
+        meta = FileSystemReader(path).read_metadata()
     places = meta.planner_data or {}
     flat: dict[str, Any] = {}
     for fqn, md in meta.state_dict_metadata.items():
         if keys is None or places.get(fqn, (fqn,))[0] in keys:
             tensor = isinstance(md, TensorStorageMetadata)
             flat[fqn] = torch.empty(md.size, dtype=md.properties.dtype) if tensor else None  # None: bytes
-    load_sharded_into(flat, path)
+    load_into(flat, path)
     state: dict[str, Any] = {}
     for fqn, value in flat.items():
         _put(state, places.get(fqn, (fqn,)), value)
     return state
 
 
-def load_sharded_into(state: dict[str, Any], path: Path) -> None:
-    """dcp.load in place (each rank reads the slices its tensors hold); in a process without a
-    group, without DCP's warning that it reads alone: here, that is the intent."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+def load_into(state: dict[str, Any], path: Path) -> None:
+    """dcp.load in place: each rank reads the slices its tensors hold."""
+    with _readable(path), _alone_quietly():
+        dcp.load(state, checkpoint_id=path)
 
 
 def _put(root: dict[str, Any], place: tuple[str | int, ...], value: Any) -> None:
@@ -380,18 +384,12 @@ def _put(root: dict[str, Any], place: tuple[str | int, ...], value: Any) -> None
 def load_checkpoint(path: Path, with_training_state: bool = True) -> LoadedCheckpoint:
     path = resolve_checkpoint(path)
     verify_checkpoint(path)
-    sharded = is_sharded(path)
-    try:
+    drafter_state = trainer_state = None
+    with _readable(path):
         drafter_config = json.loads((path / "drafter_config.json").read_text())
-        drafter_state = optimizer_state = trainer_state = None
         if with_training_state:
             trainer_state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
-            if not sharded:
-                optimizer_state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
-        if not sharded:
-            drafter_state = load_file(path / "drafter.safetensors")
-        elif not with_training_state:
-            drafter_state = read_sharded(path, {"model"})["model"]
-    except (OSError, ValueError, RuntimeError, json.JSONDecodeError, KeyError) as exc:
-        raise UserError(f"checkpoint {path} is unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
-    return LoadedCheckpoint(path, drafter_state, drafter_config, optimizer_state, trainer_state, sharded)
+        parts = {place[0] for place in (FileSystemReader(path).read_metadata().planner_data or {}).values()}
+    if not with_training_state:
+        drafter_state = read_state(path, {"model"})["model"]
+    return LoadedCheckpoint(path, drafter_state, drafter_config, trainer_state, parts)

@@ -40,12 +40,13 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from blockdraft.train.checkpoint import LoadedCheckpoint, load_sharded_into
+from blockdraft.train.checkpoint import LoadedCheckpoint, load_into
 
 
 @dataclass(frozen=True)
 class World:
-    """This process's place in the job; `ckpt_group` is the gloo group that checkpoint writes use."""
+    """This process's place in the job; `ckpt_group`: under a process group (a torchrun job, one
+    process included), the gloo group that checkpoint writes use (DCP stages and writes on the CPU)."""
 
     rank: int = 0
     size: int = 1
@@ -73,11 +74,8 @@ def init(device: torch.device, timeout_s: float) -> tuple[World, torch.device]:
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s),
                                 device_id=device if device.type == "cuda" else None)
-    rank, size = dist.get_rank(), dist.get_world_size()
-    if size == 1:
-        return World(), device
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-    return World(rank, size, group), device
+    return World(dist.get_rank(), dist.get_world_size(), group), device
 
 
 def shutdown() -> None:
@@ -139,11 +137,13 @@ def barrier() -> None:
 
 
 def state_dicts(drafter: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, dict[str, Any]]:
-    """{"model", "optim"}: this rank's live state. Data-parallel: sharded under FSDP2 and keyed by
-    parameter name, what the sharded checkpoint stores; one process: torch's own state dicts."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return {"model": drafter.state_dict(), "optim": optimizer.state_dict()}
-    return {"model": get_model_state_dict(drafter), "optim": get_optimizer_state_dict(drafter, optimizer)}
+    """{"model", "optim"}: this rank's live state, keyed by parameter name (sharded under FSDP2), what
+    a checkpoint stores at any world size. Before AdamW's first update there is no "optim": torch
+    would make one by running a zero-LR step, which counts in Adam's bias correction."""
+    state = {"model": get_model_state_dict(drafter)}
+    if optimizer.state:
+        state["optim"] = get_optimizer_state_dict(drafter, optimizer)
+    return state
 
 
 def full_drafter_state(drafter: nn.Module) -> dict[str, torch.Tensor]:
@@ -153,27 +153,14 @@ def full_drafter_state(drafter: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_weights(drafter: nn.Module, optimizer: torch.optim.Optimizer, ckpt: LoadedCheckpoint) -> None:
-    """Put a checkpoint's drafter and AdamW state into this run, whatever world size wrote it.
-
-    A sharded checkpoint is read with dcp.load into this run's own layout (each rank reads the
-    slices it holds); a single-process one is loaded whole on every rank and sharded if needed."""
-    if ckpt.sharded:
-        state = {"model": get_model_state_dict(drafter), "optim": get_optimizer_state_dict(drafter, optimizer)}
-        load_sharded_into(state, ckpt.path)
-        set_model_state_dict(drafter, state["model"])
+    """Put a checkpoint's drafter and AdamW state into this run, whatever world size wrote it: dcp.load
+    reads into this run's own layout (each rank the slices it holds)."""
+    state = {"model": get_model_state_dict(drafter)}
+    if "optim" in ckpt.parts:
+        state["optim"] = get_optimizer_state_dict(drafter, optimizer)
+    load_into(state, ckpt.path)
+    set_model_state_dict(drafter, state["model"])
+    if "optim" in state:
         set_optimizer_state_dict(drafter, optimizer, state["optim"])
-    elif not dist.is_initialized():
-        drafter.load_state_dict(ckpt.drafter_state)
-        optimizer.load_state_dict(ckpt.optimizer_state)
-    else:
-        full = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(drafter, ckpt.drafter_state, options=full)
-        set_optimizer_state_dict(drafter, optimizer, _by_name(ckpt.optimizer_state, drafter), options=full)
-
-
-def _by_name(optimizer_state: dict[str, Any], drafter: nn.Module) -> dict[str, Any]:
-    """torch's optimizer state (parameters numbered in `drafter.parameters()` order, as the optimizer
-    was built) -> the same state keyed by parameter name, as the distributed loaders want it."""
-    names = [name for name, _ in drafter.named_parameters()]
-    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in optimizer_state["param_groups"]]
-    return {"state": {names[i]: v for i, v in optimizer_state["state"].items()}, "param_groups": groups}
+    else:  # saved before AdamW's first update
+        optimizer.state.clear()

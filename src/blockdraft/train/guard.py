@@ -54,7 +54,7 @@ class StepGuard:
         return offenders
 
     def state_dict(self) -> dict[str, Any]:
-        """The windows and the run of skips as plain lists and ints: both checkpoint formats save them."""
+        """The windows and the run of skips as plain lists and ints, as trainer.pt holds them."""
         return {
             "history": [{"metric": name, "bucket": bucket, "values": list(values)}
                         for (name, bucket), values in sorted(self._history.items()) if values],

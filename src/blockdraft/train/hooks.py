@@ -109,7 +109,7 @@ class SaveHook(Hook):
         """Start a background save; the loop is held only to finish the previous one and to stage."""
         t = self.trainer
         self.report(wait=True)
-        t.checkpointer.save(t.step, **t.live_state(), drafter_config=t.drafter.config.to_dict(),
+        t.checkpointer.save(t.step, t.live_state(), drafter_config=t.drafter.config.to_dict(),
                             trainer_state={name: part.state_dict() for name, part in t.parts.items()},
                             trainer_info={"step": t.step, "total_steps": t.total_steps,
                                           "skip_list": sorted(t.feed.skip_list),
