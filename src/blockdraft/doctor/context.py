@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from functools import cached_property
-from typing import Any
+from collections.abc import Callable
+from functools import cached_property, wraps
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -12,6 +13,7 @@ from blockdraft.doctor import stats
 from blockdraft.doctor.run import LoggedRun, StepTable
 
 TREND_BLOCK = 25
+T = TypeVar("T")
 
 
 class Context:
@@ -233,8 +235,27 @@ class Context:
     def rows_between(self, first_step: float, last_step: float) -> np.ndarray:
         return np.flatnonzero((self.step >= first_step) & (self.step <= last_step))
 
+    def marker_steps(self, kind: str) -> np.ndarray:
+        """The sorted steps of this run's records of `kind` (checkpoints, evals, run starts)."""
+        steps = [r.get("step") for r in self.run.of_kind(kind)]
+        return np.array(sorted(float(s) for s in steps if isinstance(s, int | float)), dtype=np.float64)
+
     def step_at(self, row: int) -> int:
         """The step of a row, clamped to the log (0 for a log without step records)."""
         if not self.n:
             return 0
         return int(self.step[min(max(row, 0), self.n - 1)])
+
+
+def shared(compute: Callable[[Context], T]) -> Callable[[Context], T]:
+    """Compute `compute(ctx)` once per analysis: several detectors read the same events (spikes,
+    level drops, gaps, the batch order) and each may be the first to ask."""
+    key = f"{compute.__module__}.{compute.__name__}"
+
+    @wraps(compute)
+    def once(ctx: Context) -> T:
+        if key not in ctx.shared:
+            ctx.shared[key] = compute(ctx)
+        return ctx.shared[key]
+
+    return once

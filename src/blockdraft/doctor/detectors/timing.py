@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from blockdraft.doctor.context import Context
+from blockdraft.doctor.context import Context, shared
 from blockdraft.doctor.findings import Finding, plural
 
 UNEXPLAINED_STALL_S = 30.0
@@ -23,22 +23,15 @@ ROUND_STEPS = 500
 WARMUP_UPDATES = 20  # a process compiles its graphs in its first updates; later growth is a recompile
 
 
-def _marker_steps(ctx: Context, kind: str) -> np.ndarray:
-    steps = [r.get("step") for r in ctx.run.of_kind(kind)]
-    return np.array(sorted(float(s) for s in steps if isinstance(s, int | float)), dtype=np.float64)
-
-
+@shared
 def _gaps(ctx: Context) -> dict[str, np.ndarray]:
     """Per row: records missing before it, and wall time beyond what its steps should have taken."""
-    if "gaps" in ctx.shared:
-        return ctx.shared["gaps"]
     missing = np.where(ctx.gap_rows, np.nan_to_num(ctx.dstep - ctx.stride, nan=0.0), 0.0)
     excess = np.zeros(ctx.n)
     sec = ctx.seconds_per_step
     if math.isfinite(sec) and np.isfinite(ctx.dtime).any():
         excess = np.nan_to_num(ctx.dtime - ctx.dstep * sec, nan=0.0)
-    ctx.shared["gaps"] = {"missing": missing, "excess": excess}
-    return ctx.shared["gaps"]
+    return {"missing": missing, "excess": excess}
 
 
 def _at_gap_start(markers: np.ndarray, prev_step: np.ndarray, stride: float) -> np.ndarray:
@@ -122,8 +115,8 @@ def logging_gap(ctx: Context) -> list[Finding]:
         return []
     gaps = _gaps(ctx)
     prev = np.concatenate([[np.nan], ctx.step[:-1]])
-    explained = _at_gap_start(_marker_steps(ctx, "checkpoint"), prev, ctx.stride)
-    explained |= _at_gap_start(_marker_steps(ctx, "eval"), prev, ctx.stride)
+    explained = _at_gap_start(ctx.marker_steps("checkpoint"), prev, ctx.stride)
+    explained |= _at_gap_start(ctx.marker_steps("eval"), prev, ctx.stride)
     explained |= _compiled_rows(ctx)  # late_recompile reports these
     lost = gaps["missing"] > 0
     stalled = gaps["excess"] >= _stall_threshold(ctx)
@@ -274,7 +267,7 @@ def late_recompile(ctx: Context) -> list[Finding]:
     prev = np.concatenate([[np.nan], g[:-1]])
     with np.errstate(invalid="ignore"):
         new_process = np.concatenate([[True], ~(g[1:] >= g[:-1])])  # the first row, and after a fall
-    starts = _marker_steps(ctx, "run_start")  # a resume's first row, even if its count did not fall
+    starts = ctx.marker_steps("run_start")  # a resume's first row, even if its count did not fall
     if len(starts):
         before = np.concatenate([[-np.inf], ctx.step[:-1]])
         new_process |= np.searchsorted(starts, ctx.step, side="left") > np.searchsorted(starts, before, side="left")
