@@ -9,7 +9,6 @@ every `every` steps). Each code is reported once per severity it reaches.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import deque
@@ -20,7 +19,7 @@ from typing import Any
 from blockdraft.doctor.detectors import diagnose
 from blockdraft.doctor.detectors.timing import stall_threshold
 from blockdraft.doctor.findings import SEVERITY_RANK, Finding
-from blockdraft.doctor.records import apply_mapping, run_from_records
+from blockdraft.doctor.records import apply_mapping, decode_record, run_from_records
 
 WATCHED = ("loss", "grad_norm")
 
@@ -183,15 +182,7 @@ class LogTail:
             chunk = fh.read()
         self.offset += len(chunk)
         *lines, self._pending = (self._pending + chunk).split(b"\n")
-        records = []
-        for line in lines:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                records.append(rec)
-        return records
+        return [rec for line in lines if (rec := decode_record(line)) is not None]
 
 
 def tail_records(

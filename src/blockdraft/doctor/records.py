@@ -83,7 +83,7 @@ def _parse_lines(data: bytes, mapping: dict[str, str], source: str) -> LoggedRun
                 rows.append(row)
                 row_lines.append(lo + i)
             elif kind is not None:
-                rec = _decode(chunk[i])
+                rec = decode_record(chunk[i])
                 if rec is not None:
                     rec["_line"] = lo + i
                     others.append((lo + i, rec))
@@ -149,7 +149,7 @@ def _sniff_keys(lines: list[bytes], mapping: dict[str, str]) -> dict[str, str]:
     keys: set[str] = set()
     sample = lines[:SNIFF_LINES] + lines[-SNIFF_LINES:] if len(lines) > 2 * SNIFF_LINES else lines
     for raw in sample:
-        rec = _decode(raw)
+        rec = decode_record(raw)
         if rec is not None and rec.get("kind") in (None, "step"):
             keys.update(rec)
     return fields.resolve(keys, mapping)
@@ -172,7 +172,7 @@ def _tail_profiles(lines: list[bytes], row_lines: list[int], key: str | None) ->
         return []
     out = []
     for line_no in row_lines[-PROFILE_ROWS:]:
-        rec = _decode(lines[line_no])
+        rec = decode_record(lines[line_no])
         out.append(rec.get(key) if rec else None)
     return out
 
@@ -182,7 +182,7 @@ def _decode_line(decoder: Any, raw: bytes) -> Any:
     try:
         return decoder.decode(raw)
     except msgspec.DecodeError:
-        return _decode(raw)
+        return decode_record(raw)
 
 
 def _from_dict(rec: dict[str, Any], row_type: type, resolved: dict[str, str]) -> Any:
@@ -197,7 +197,8 @@ def _has_metric(row: Any) -> bool:
     return any(getattr(row, m) is not None for m in METRICS)
 
 
-def _decode(raw: bytes) -> dict[str, Any] | None:
+def decode_record(raw: bytes) -> dict[str, Any] | None:
+    """One JSON line as a dict; None for anything else (a partial line, a list, not JSON)."""
     try:
         rec = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
