@@ -97,8 +97,9 @@ def _charts(run: LoggedRun, findings: list[Finding]) -> list[tuple[str, bytes]]:
         ("learning rate", charts.lr_chart(run, findings)),
         ("grad norm", charts.metric_chart(run, findings, "grad_norm", "gradient norm (before clipping)", log_y=True)),
         ("step time", charts.timing_chart(run, findings)),
-        ("throughput", charts.throughput_chart(run, findings)),
-        ("queue", charts.queue_chart(run, findings)),
+        ("throughput", charts.series_chart(run, findings, "tok_per_s", "throughput", "tok/s", ("throughput_drift",))),
+        ("queue", charts.series_chart(run, findings, "queue_depth", "prefetch queue depth", "batches queued",
+                                      ("queue_drain", "data_wait"), height=2.5, from_zero=True)),
         ("buckets", charts.bucket_chart(run)),
         ("loss by bucket", charts.bucket_hist_chart(run)),
     ]
