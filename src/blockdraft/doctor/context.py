@@ -236,6 +236,11 @@ class Context:
     def rows_between(self, first_step: float, last_step: float) -> np.ndarray:
         return np.flatnonzero((self.step >= first_step) & (self.step <= last_step))
 
+    @property
+    def whole_log(self) -> tuple[int, int]:
+        """The first and last step: where a finding about the run as a whole (a setting, the batch order) points."""
+        return self.step_at(0), self.step_at(self.n - 1)
+
     def marker_steps(self, kind: str) -> np.ndarray:
         """The sorted steps of this run's records of `kind` (checkpoints, evals, run starts)."""
         steps = [r.get("step") for r in self.run.of_kind(kind)]

@@ -132,7 +132,7 @@ def homogeneous_batches(ctx: Context) -> list[Finding]:
         Finding(
             code="homogeneous_batches",
             severity="error" if strong else "warning",
-            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+            steps=ctx.whole_log,
             summary="batches come in long runs of one length bucket: " + "; ".join(parts),
             evidence={**{k: v for k, v in info.items() if k != "violated"}, **(updates.evidence if updates else {})},
             advice=(
@@ -152,7 +152,7 @@ def _homogeneous_from_levels(ctx: Context, info: dict) -> Finding:
     return Finding(
         code="homogeneous_batches",
         severity="warning",
-        steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+        steps=ctx.whole_log,
         summary=(
             f"likely: the log names no buckets, but its loss has {info['levels']} distinct levels "
             f"({ratios} of records) that follow each other at random (lag-1 autocorrelation "
@@ -240,7 +240,7 @@ def bucket_loss_modes(ctx: Context) -> list[Finding]:
         Finding(
             code="bucket_loss_modes",
             severity="warning" if homogeneous else "info",
-            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+            steps=ctx.whole_log,
             summary=summary,
             evidence=evidence,
             advice=advice,

@@ -236,7 +236,7 @@ def noise_schedule_flat(ctx: Context) -> list[Finding]:
         Finding(
             code="noise_schedule_flat",
             severity="warning",
-            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+            steps=ctx.whole_log,
             summary=summary,
             evidence=evidence,
             advice=(
@@ -275,7 +275,7 @@ def optimizer_betas(ctx: Context) -> list[Finding]:
         Finding(
             code="optimizer_betas",
             severity=severity,
-            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+            steps=ctx.whole_log,
             summary=summary,
             evidence=evidence,
             advice=advice,
@@ -299,7 +299,7 @@ def loss_decay_gamma(ctx: Context) -> list[Finding]:
         Finding(
             code="loss_decay_gamma",
             severity="warning",
-            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)) if ctx.n else (0, 0),
+            steps=ctx.whole_log,
             summary=(
                 f"loss decay gamma={gamma:g} does not match block size {block} (expected ~{expected:g}): "
                 + ("later positions are under-weighted" if gamma < expected else "early positions lose weight")
