@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from blockdraft.doctor import schedule
-from blockdraft.doctor.findings import Finding
+from blockdraft.doctor.findings import Finding, severity_counts
 from blockdraft.doctor.run import LoggedRun
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -104,16 +104,14 @@ def print_report(run: LoggedRun, findings: list[Finding], console: Any = None) -
         table.add_column("steps", justify="right")
         table.add_column("finding")
         for f in findings:
-            steps = f"{f.steps[0]}" if f.steps[0] == f.steps[1] else f"{f.steps[0]}-{f.steps[1]}"
             table.add_row(
                 Text(f.severity, style=STYLE[f.severity]),
                 f.code,
-                steps,
+                f.step_text(),
                 Text(f.summary) + Text(f"\n-> {f.advice}", style="dim"),
             )
         console.print(table)
-        counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
-        console.print(", ".join(f"{n} {s}" for s, n in counts.items() if n))
+        console.print(", ".join(f"{n} {s}" for s, n in severity_counts(findings).items()))
     missing = unchecked(run)
     if missing:
         console.print(Text("not checked:", style="dim"))
