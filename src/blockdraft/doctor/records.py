@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 
 from blockdraft.doctor import fields
-from blockdraft.doctor.fields import LIST_FIELDS, STEP_FIELDS
+from blockdraft.doctor.fields import LIST_FIELDS, OTHER_FIELDS, STEP_FIELDS
 from blockdraft.doctor.run import MISSING_BUCKET, MIXED_BUCKET, NAN_SUFFIX, NAN_WATCH, LoggedRun, StepTable
 from blockdraft.errors import UserError
 
@@ -120,10 +120,9 @@ def run_from_records(
             row_lines.append(line_no)
         elif isinstance(kind, str):
             others.append((line_no, {**rec, "_line": line_no}))
-    names = tuple(dict.fromkeys(("kind", *STEP_FIELDS, *LIST_FIELDS, "skip_reason", FLAGGED)))
     values = {
         name: ([r.get(resolved[name]) for r in step_rows] if name in resolved else [None] * len(step_rows))
-        for name in names
+        for name in (*STEP_FIELDS, *LIST_FIELDS, *OTHER_FIELDS)
     }
     run = _assemble(values, np.array(row_lines, dtype=np.int64), others, source)
     run.mapped, run.log_format = fields.renamed(resolved), log_format
