@@ -32,7 +32,8 @@ def unchecked(run: LoggedRun) -> dict[str, str]:
 
     need("accuracy_cliff", "acc" in has, "an accuracy field")
     need("warmup_first_step", "lr" in has, "an lr field")
-    need("warmup_first_step", not len(t) or t.steps[0] <= 1, f"the first updates (log starts at step {_first(t)})")
+    first = t.steps[0] if len(t) else 0
+    need("warmup_first_step", first <= 1, f"the first updates (log starts at step {int(first)})")
     need("lr_schedule_mismatch", "lr" in has, "an lr field")
     need(
         "lr_schedule_mismatch",
@@ -62,10 +63,6 @@ def unchecked(run: LoggedRun) -> dict[str, str]:
         "bucket ids, or 200+ records of one step each (a window's average blurs the loss levels)",
     )
     return {code: "; ".join(what) for code, what in needs.items()}
-
-
-def _first(t: Any) -> int:
-    return int(t.steps[0]) if len(t) else 0
 
 
 def describe(run: LoggedRun) -> str:
