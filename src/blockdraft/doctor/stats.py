@@ -238,11 +238,10 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 @dataclass
 class Levels:
-    """Distinct levels of a series: each row's level (0 = lowest) and each level's mean, sd, share."""
+    """Distinct levels of a series: each row's level (0 = lowest) and each level's mean and share."""
 
     labels: np.ndarray
     means: np.ndarray
-    sds: np.ndarray
     shares: np.ndarray
 
 
@@ -275,7 +274,7 @@ def mixture_levels(x: np.ndarray, max_k: int = 4, sample: int = 20000, seed: int
     _, w, mu, sd = best
     labels = np.full(len(x), -1, dtype=np.int64)
     labels[ok] = np.argmax(_log_resp(x[ok], w, mu, sd), axis=1)
-    return Levels(labels=labels, means=mu, sds=sd, shares=w)
+    return Levels(labels=labels, means=mu, shares=w)
 
 
 SEPARATION = 2.0
