@@ -78,7 +78,8 @@ def _parse_lines(data: bytes, mapping: dict[str, str], source: str) -> LoggedRun
             if row is None:
                 continue
             kind = row.kind
-            if _is_step(kind, row.step, (getattr(row, m) for m in METRICS)):
+            # `kind == "step"` first: the common case, without building the metric generator per row
+            if kind == "step" or _is_step(kind, row.step, (getattr(row, m) for m in METRICS)):
                 rows.append(row)
                 row_lines.append(lo + i)
             elif kind is not None:
