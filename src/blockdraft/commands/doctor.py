@@ -44,11 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from blockdraft.doctor.config_file import read_config
     from blockdraft.doctor.fields import parse_mapping
     from blockdraft.doctor.findings import at_least
 
     mapping = parse_mapping(args.mapping)
-    settings, read = _settings(args.config)
+    settings, read = read_config(args.config) if args.config else (None, {})
     if args.follow:
         from blockdraft.doctor.follow import follow
 
@@ -58,15 +59,6 @@ def run(args: argparse.Namespace) -> int:
     if args.fail_on and any(at_least(f.severity, args.fail_on) for f in findings):
         return 1
     return 0
-
-
-def _settings(path: str | None) -> tuple[dict | None, dict[str, str]]:
-    """The --config file's settings in our layout and where each came from (None without --config)."""
-    if not path:
-        return None, {}
-    from blockdraft.doctor.config_file import read_config
-
-    return read_config(path)
 
 
 def _offline(args: argparse.Namespace, mapping: dict[str, str], settings: dict | None, read: dict[str, str]) -> list:

@@ -179,26 +179,20 @@ def timing_chart(run: LoggedRun, findings: list[Finding]) -> bytes | None:
     return _png(fig)
 
 
-def throughput_chart(run: LoggedRun, findings: list[Finding]) -> bytes | None:
+def series_chart(
+    run: LoggedRun, findings: list[Finding], name: str, title: str, ylabel: str, codes: tuple[str, ...],
+    height: float = 3.0, from_zero: bool = False,
+) -> bytes | None:
+    """One logged field over the steps (its median per point), shaded by the findings about it."""
     t = run.steps
-    if not t.has("tok_per_s"):
+    if not t.has(name):
         return None
-    fig, ax = _axes("throughput", "tok/s")
-    x, y = _reduce(t.steps, t.get("tok_per_s"))
+    fig, ax = _axes(title, ylabel, height)
+    x, y = _reduce(t.steps, t.get(name))
     ax.plot(x, y, lw=0.7)
-    _shade(ax, findings, ("throughput_drift",))
-    return _png(fig)
-
-
-def queue_chart(run: LoggedRun, findings: list[Finding]) -> bytes | None:
-    t = run.steps
-    if not t.has("queue_depth"):
-        return None
-    fig, ax = _axes("prefetch queue depth", "batches queued", 2.5)
-    x, y = _reduce(t.steps, t.get("queue_depth"))
-    ax.plot(x, y, lw=0.7)
-    ax.set_ylim(bottom=0)
-    _shade(ax, findings, ("queue_drain", "data_wait"))
+    if from_zero:
+        ax.set_ylim(bottom=0)
+    _shade(ax, findings, codes)
     return _png(fig)
 
 

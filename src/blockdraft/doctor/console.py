@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from blockdraft.doctor import schedule
-from blockdraft.doctor.findings import Finding
+from blockdraft.doctor.findings import Finding, severity_counts
 from blockdraft.doctor.run import LoggedRun
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -32,7 +32,8 @@ def unchecked(run: LoggedRun) -> dict[str, str]:
 
     need("accuracy_cliff", "acc" in has, "an accuracy field")
     need("warmup_first_step", "lr" in has, "an lr field")
-    need("warmup_first_step", not len(t) or t.steps[0] <= 1, f"the first updates (log starts at step {_first(t)})")
+    first = t.steps[0] if len(t) else 0
+    need("warmup_first_step", first <= 1, f"the first updates (log starts at step {int(first)})")
     need("lr_schedule_mismatch", "lr" in has, "an lr field")
     need(
         "lr_schedule_mismatch",
@@ -62,10 +63,6 @@ def unchecked(run: LoggedRun) -> dict[str, str]:
         "bucket ids, or 200+ records of one step each (a window's average blurs the loss levels)",
     )
     return {code: "; ".join(what) for code, what in needs.items()}
-
-
-def _first(t: Any) -> int:
-    return int(t.steps[0]) if len(t) else 0
 
 
 def describe(run: LoggedRun) -> str:
@@ -104,16 +101,14 @@ def print_report(run: LoggedRun, findings: list[Finding], console: Any = None) -
         table.add_column("steps", justify="right")
         table.add_column("finding")
         for f in findings:
-            steps = f"{f.steps[0]}" if f.steps[0] == f.steps[1] else f"{f.steps[0]}-{f.steps[1]}"
             table.add_row(
                 Text(f.severity, style=STYLE[f.severity]),
                 f.code,
-                steps,
+                f.step_text(),
                 Text(f.summary) + Text(f"\n-> {f.advice}", style="dim"),
             )
         console.print(table)
-        counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
-        console.print(", ".join(f"{n} {s}" for s, n in counts.items() if n))
+        console.print(", ".join(f"{n} {s}" for s, n in severity_counts(findings).items()))
     missing = unchecked(run)
     if missing:
         console.print(Text("not checked:", style="dim"))

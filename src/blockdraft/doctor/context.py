@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from functools import cached_property
-from typing import Any
+from collections.abc import Callable
+from functools import cached_property, wraps
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -12,6 +13,7 @@ from blockdraft.doctor import stats
 from blockdraft.doctor.run import LoggedRun, StepTable
 
 TREND_BLOCK = 25
+T = TypeVar("T")
 
 
 class Context:
@@ -85,33 +87,36 @@ class Context:
     def acc_fit(self) -> stats.BucketFit | None:
         return self._log_fit("acc", 1e-4)
 
-    @cached_property
-    def dstep(self) -> np.ndarray:
-        """Steps between a row and the previous row of the same segment (NaN at segment starts)."""
+    def _since_previous(self, values: np.ndarray) -> np.ndarray:
+        """Change since the previous row of the same segment (NaN at segment starts)."""
         d = np.full(self.n, np.nan)
         if self.n > 1:
-            d[1:] = np.diff(self.step)
+            d[1:] = np.diff(values)
             d[1:][self.t.segment[1:] != self.t.segment[:-1]] = np.nan
         return d
 
     @cached_property
+    def dstep(self) -> np.ndarray:
+        """Steps between a row and the previous row of the same segment (NaN at segment starts)."""
+        return self._since_previous(self.step)
+
+    @cached_property
     def dtime(self) -> np.ndarray:
-        d = np.full(self.n, np.nan)
-        if self.n > 1 and self.t.has("time"):
-            d[1:] = np.diff(self.t.get("time"))
-            d[1:][self.t.segment[1:] != self.t.segment[:-1]] = np.nan
-        return d
+        return self._since_previous(self.t.get("time")) if self.t.has("time") else np.full(self.n, np.nan)
+
+    @cached_property
+    def spacings(self) -> np.ndarray:
+        """The positive step spacings between records of one segment."""
+        return self.dstep[np.isfinite(self.dstep) & (self.dstep > 0)]
 
     @cached_property
     def stride(self) -> float:
         """Typical steps per record: 1 for our logs, the window for a monitor that averages."""
-        d = self.dstep[np.isfinite(self.dstep) & (self.dstep > 0)]
-        return float(np.median(d)) if len(d) else 1.0
+        return float(np.median(self.spacings)) if len(self.spacings) else 1.0
 
     @cached_property
     def regular_stride(self) -> bool:
-        d = self.dstep[np.isfinite(self.dstep) & (self.dstep > 0)]
-        return bool(len(d)) and float(np.mean(d == self.stride)) >= 0.9
+        return bool(len(self.spacings)) and float(np.mean(self.spacings == self.stride)) >= 0.9
 
     @cached_property
     def zero_based(self) -> bool:
@@ -133,8 +138,7 @@ class Context:
         window = self.t.get("window")
         if np.isfinite(window).any():
             return float(np.nanmedian(window)) > 1
-        d = self.dstep[np.isfinite(self.dstep) & (self.dstep > 0)]
-        return bool(len(d)) and float(np.mean(d > 1)) >= 0.2
+        return bool(len(self.spacings)) and float(np.mean(self.spacings > 1)) >= 0.2
 
     @cached_property
     def gap_rows(self) -> np.ndarray:
@@ -145,8 +149,7 @@ class Context:
             return np.zeros(self.n, dtype=bool)
         if self.regular_stride:
             return ok & (d - self.stride >= max(3.0, 2.0 * self.stride))
-        usual = float(np.percentile(d[ok], 90))
-        return ok & (d >= max(8.0, 4.0 * usual))
+        return ok & (d >= max(8.0, 4.0 * float(np.percentile(self.spacings, 90))))
 
     @cached_property
     def after_gap(self) -> np.ndarray:
@@ -233,8 +236,32 @@ class Context:
     def rows_between(self, first_step: float, last_step: float) -> np.ndarray:
         return np.flatnonzero((self.step >= first_step) & (self.step <= last_step))
 
+    @property
+    def whole_log(self) -> tuple[int, int]:
+        """The first and last step: where a finding about the run as a whole (a setting, the batch order) points."""
+        return self.step_at(0), self.step_at(self.n - 1)
+
+    def marker_steps(self, kind: str) -> np.ndarray:
+        """The sorted steps of this run's records of `kind` (checkpoints, evals, run starts)."""
+        steps = [r.get("step") for r in self.run.of_kind(kind)]
+        return np.array(sorted(float(s) for s in steps if isinstance(s, int | float)), dtype=np.float64)
+
     def step_at(self, row: int) -> int:
         """The step of a row, clamped to the log (0 for a log without step records)."""
         if not self.n:
             return 0
         return int(self.step[min(max(row, 0), self.n - 1)])
+
+
+def shared(compute: Callable[[Context], T]) -> Callable[[Context], T]:
+    """Compute `compute(ctx)` once per analysis: several detectors read the same events (spikes,
+    level drops, gaps, the batch order) and each may be the first to ask."""
+    key = f"{compute.__module__}.{compute.__name__}"
+
+    @wraps(compute)
+    def once(ctx: Context) -> T:
+        if key not in ctx.shared:
+            ctx.shared[key] = compute(ctx)
+        return ctx.shared[key]
+
+    return once

@@ -61,6 +61,10 @@ class Finding:
         self.steps = (int(self.steps[0]), int(self.steps[1]))
         self.evidence = {k: _clean_number(v) for k, v in self.evidence.items()}
 
+    def step_text(self, dash: str = "-") -> str:
+        """`120` for a single step, `120-180` for a range (the report passes an en dash)."""
+        return str(self.steps[0]) if self.steps[0] == self.steps[1] else f"{self.steps[0]}{dash}{self.steps[1]}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "code": self.code,
@@ -91,6 +95,11 @@ def plural(count: int, noun: str) -> str:
 
 def at_least(severity: str, level: str) -> bool:
     return SEVERITY_RANK[severity] >= SEVERITY_RANK[level]
+
+
+def severity_counts(findings: list[Finding]) -> dict[str, int]:
+    """Findings per severity, worst first, leaving out severities with none."""
+    return {sev: n for sev in reversed(SEVERITIES) if (n := sum(f.severity == sev for f in findings))}
 
 
 def rank(findings: list[Finding]) -> list[Finding]:

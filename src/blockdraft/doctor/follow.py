@@ -12,7 +12,7 @@ from blockdraft.doctor.detectors import diagnose
 from blockdraft.doctor.findings import Finding
 from blockdraft.doctor.live import LiveDoctor, tail_records
 from blockdraft.doctor.readers import resolve_log_path
-from blockdraft.doctor.records import parse_log_bytes
+from blockdraft.doctor.records import decode_record, parse_log_bytes
 
 
 def follow(
@@ -30,36 +30,27 @@ def follow(
     log_path = resolve_log_path(path)
     data = log_path.read_bytes()
     offset = data.rfind(b"\n") + 1
+    head = data[:offset]  # the complete lines: a partial last one is read again by the tail
     shown: list[Finding] = []
+
+    def show(found: list[Finding]) -> None:
+        shown.extend(found)
+        for f in found:
+            emit(json.dumps(f.to_dict()) if as_json else finding_line(f))
+
     doctor = LiveDoctor(config=settings, mapping=mapping, min_severity="info")
     if offset:
-        run = parse_log_bytes(data[:offset], mapping, source=str(log_path))
+        run = parse_log_bytes(head, mapping, source=str(log_path))
         if settings:
             run.config = merge(run.config, settings)
-        shown = diagnose(run)
-        for f in shown:
-            emit(json.dumps(f.to_dict()) if as_json else finding_line(f))
+        show(diagnose(run))
         doctor = LiveDoctor(config=run.config, run_start=run.run_start, mapping=mapping, min_severity="info")
         doctor.mark_reported(shown)
-        tail = data[:offset].splitlines()[-doctor.window :]
-        doctor.prime([json.loads(line) for line in tail if line.strip().startswith(b"{") and _valid(line)])
-        if run.of_kind("run_end") and run.of_kind("run_end")[-1].get("_line", -1) >= _last_line(data[:offset]):
-            return shown
+        doctor.prime([rec for line in head.splitlines()[-doctor.window :] if (rec := decode_record(line)) is not None])
+        if run.of_kind("run_end") and run.of_kind("run_end")[-1].get("_line", -1) >= head.count(b"\n") - 1:
+            return shown  # the run ended on the last line: nothing more will come
     for rec in tail_records(log_path, poll_s=poll_s, stop=stop, start_at=offset):
-        for f in doctor.observe(rec):
-            shown.append(f)
-            emit(json.dumps(f.to_dict()) if as_json else finding_line(f))
+        show(doctor.observe(rec))
         if rec.get("kind") == "run_end":
             break
     return shown
-
-
-def _valid(line: bytes) -> bool:
-    try:
-        return isinstance(json.loads(line), dict)
-    except ValueError:
-        return False
-
-
-def _last_line(data: bytes) -> int:
-    return data.count(b"\n") - 1

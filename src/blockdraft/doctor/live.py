@@ -9,7 +9,6 @@ every `every` steps). Each code is reported once per severity it reaches.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import deque
@@ -20,7 +19,7 @@ from typing import Any
 from blockdraft.doctor.detectors import diagnose
 from blockdraft.doctor.detectors.timing import stall_threshold
 from blockdraft.doctor.findings import SEVERITY_RANK, Finding
-from blockdraft.doctor.records import apply_mapping, run_from_records
+from blockdraft.doctor.records import apply_mapping, decode_record, run_from_records
 
 WATCHED = ("loss", "grad_norm")
 
@@ -171,38 +170,20 @@ def _nonfinite(value: object) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
-class LogTail:
-    """The records appended to a log since the last `read`; a partial last line waits for its end."""
-
-    def __init__(self, path: Path, start_at: int = 0) -> None:
-        self.path, self.offset, self._pending = path, start_at, b""
-
-    def read(self) -> list[dict[str, Any]]:
-        with self.path.open("rb") as fh:
-            fh.seek(self.offset)
-            chunk = fh.read()
-        self.offset += len(chunk)
-        *lines, self._pending = (self._pending + chunk).split(b"\n")
-        records = []
-        for line in lines:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                records.append(rec)
-        return records
-
-
 def tail_records(
     path: Path, poll_s: float = 1.0, stop: Callable[[], bool] | None = None, start_at: int = 0
 ) -> Iterator[dict[str, Any]]:
-    """Yield records appended to `path` from byte `start_at` on, polling every `poll_s` until `stop()`."""
-    tail = LogTail(path, start_at)
+    """Yield records appended to `path` from byte `start_at` on, polling every `poll_s` until `stop()`;
+    a partial last line waits for its end."""
+    offset, pending = start_at, b""
     while True:
-        before = tail.offset
-        yield from tail.read()
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+        offset += len(chunk)
+        *lines, pending = (pending + chunk).split(b"\n")
+        yield from (rec for line in lines if (rec := decode_record(line)) is not None)
         if stop is not None and stop():
             return
-        if tail.offset == before:
+        if not chunk:
             time.sleep(poll_s)

@@ -27,12 +27,8 @@ def load_run(path: str | Path, mapping: dict[str, str] | None = None) -> LoggedR
     """Read a log file or run folder of any supported format; a truncated last line is dropped, not fatal."""
     kind, target = locate(Path(path))
     mapping = mapping or {}
-    if kind == "hf":
-        run = _read_hf(target, mapping)
-    elif kind == "csv":
-        run = _read_csv(target, mapping)
-    elif kind == "tensorboard":
-        run = _read_tensorboard(target, mapping)
+    if kind in READERS:
+        run = READERS[kind](target, mapping)
     else:
         run = parse_log_bytes(_read_bytes(target), mapping, source=str(target))
         if target.name.endswith("wandb-history.jsonl"):
@@ -188,3 +184,6 @@ def _tb_scalar(value: Any, tensor_util: Any) -> float | None:
         if array.size == 1 and array.dtype.kind in "fiu":
             return float(array.reshape(()))
     return None
+
+
+READERS = {"hf": _read_hf, "csv": _read_csv, "tensorboard": _read_tensorboard}  # any other kind is JSONL

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -18,15 +18,14 @@ import msgspec
 import numpy as np
 
 from blockdraft.doctor import fields
-from blockdraft.doctor.fields import LIST_FIELDS, STEP_FIELDS
-from blockdraft.doctor.run import MISSING_BUCKET, MIXED_BUCKET, NAN_SUFFIX, LoggedRun, StepTable
+from blockdraft.doctor.fields import LIST_FIELDS, OTHER_FIELDS, STEP_FIELDS
+from blockdraft.doctor.run import MISSING_BUCKET, MIXED_BUCKET, NAN_SUFFIX, NAN_WATCH, LoggedRun, StepTable
 from blockdraft.errors import UserError
 
 FORMATS = (
     "blockdraft log.jsonl, a JSONL of step records, Hugging Face trainer_state.json or checkpoint folder, "
     "W&B CSV export or wandb-history.jsonl, TensorBoard event files"
 )
-NAN_WATCH = ("loss", "grad_norm", "acc", "lr", "tau_est", "kl")
 FLAGGED = "nonfinite"
 CHUNK_LINES = 50_000
 SNIFF_LINES = 400
@@ -79,11 +78,12 @@ def _parse_lines(data: bytes, mapping: dict[str, str], source: str) -> LoggedRun
             if row is None:
                 continue
             kind = row.kind
-            if kind == "step" or (kind is None and row.step is not None and _has_metric(row)):
+            # `kind == "step"` first: the common case, without building the metric generator per row
+            if kind == "step" or _is_step(kind, row.step, (getattr(row, m) for m in METRICS)):
                 rows.append(row)
                 row_lines.append(lo + i)
             elif kind is not None:
-                rec = _decode(chunk[i])
+                rec = decode_record(chunk[i])
                 if rec is not None:
                     rec["_line"] = lo + i
                     others.append((lo + i, rec))
@@ -115,22 +115,15 @@ def run_from_records(
     others: list[tuple[int, dict[str, Any]]] = []
     for line_no, rec in enumerate(recs):
         kind = rec.get(resolved.get("kind", "kind"))
-        step_key = resolved.get("step")
-        is_step = kind == "step" or (
-            kind is None
-            and step_key is not None
-            and rec.get(step_key) is not None
-            and any(rec.get(resolved[m]) is not None for m in METRICS if m in resolved)
-        )
-        if is_step:
+        step = rec.get(resolved["step"]) if "step" in resolved else None
+        if _is_step(kind, step, (rec.get(resolved[m]) for m in METRICS if m in resolved)):
             step_rows.append(rec)
             row_lines.append(line_no)
         elif isinstance(kind, str):
             others.append((line_no, {**rec, "_line": line_no}))
-    names = tuple(dict.fromkeys(("kind", *STEP_FIELDS, *LIST_FIELDS, "skip_reason", FLAGGED)))
     values = {
         name: ([r.get(resolved[name]) for r in step_rows] if name in resolved else [None] * len(step_rows))
-        for name in names
+        for name in (*STEP_FIELDS, *LIST_FIELDS, *OTHER_FIELDS)
     }
     run = _assemble(values, np.array(row_lines, dtype=np.int64), others, source)
     run.mapped, run.log_format = fields.renamed(resolved), log_format
@@ -149,7 +142,7 @@ def _sniff_keys(lines: list[bytes], mapping: dict[str, str]) -> dict[str, str]:
     keys: set[str] = set()
     sample = lines[:SNIFF_LINES] + lines[-SNIFF_LINES:] if len(lines) > 2 * SNIFF_LINES else lines
     for raw in sample:
-        rec = _decode(raw)
+        rec = decode_record(raw)
         if rec is not None and rec.get("kind") in (None, "step"):
             keys.update(rec)
     return fields.resolve(keys, mapping)
@@ -172,7 +165,7 @@ def _tail_profiles(lines: list[bytes], row_lines: list[int], key: str | None) ->
         return []
     out = []
     for line_no in row_lines[-PROFILE_ROWS:]:
-        rec = _decode(lines[line_no])
+        rec = decode_record(lines[line_no])
         out.append(rec.get(key) if rec else None)
     return out
 
@@ -182,7 +175,7 @@ def _decode_line(decoder: Any, raw: bytes) -> Any:
     try:
         return decoder.decode(raw)
     except msgspec.DecodeError:
-        return _decode(raw)
+        return decode_record(raw)
 
 
 def _from_dict(rec: dict[str, Any], row_type: type, resolved: dict[str, str]) -> Any:
@@ -193,11 +186,13 @@ def _from_dict(rec: dict[str, Any], row_type: type, resolved: dict[str, str]) ->
     return row_type(**values)
 
 
-def _has_metric(row: Any) -> bool:
-    return any(getattr(row, m) is not None for m in METRICS)
+def _is_step(kind: Any, step: Any, metrics: Iterable[Any]) -> bool:
+    """A step record: kind "step", or (a foreign log's) no kind but a step number and a metric."""
+    return kind == "step" or (kind is None and step is not None and any(m is not None for m in metrics))
 
 
-def _decode(raw: bytes) -> dict[str, Any] | None:
+def decode_record(raw: bytes) -> dict[str, Any] | None:
+    """One JSON line as a dict; None for anything else (a partial line, a list, not JSON)."""
     try:
         rec = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
@@ -262,19 +257,14 @@ def _assemble(
         cols[name] = _column(vals)
         if name == "time" and not np.isfinite(cols[name]).any():
             cols[name] = np.array([_timestamp(v) for v in vals], dtype=np.float64)
-        if name in NAN_WATCH:
-            literal = np.array([isinstance(v, float) and math.isnan(v) for v in vals], dtype=np.float64)
-            for i in flagged_rows:
-                if name in flags[i]:
-                    literal[i] = 1.0
-            if literal.any():
-                cols[name + NAN_SUFFIX] = literal
-    for name in NAN_WATCH:
-        hit = [i for i in flagged_rows if name in flags[i]]
-        if name not in cols and hit:
-            cols[name] = np.full(n, np.nan)
-            cols[name + NAN_SUFFIX] = np.zeros(n)
-            cols[name + NAN_SUFFIX][hit] = 1.0
+    for name in NAN_WATCH:  # a NaN literal, or a null the writer flagged as non-finite
+        literal = np.zeros(n)
+        literal[[i for i in flagged_rows if name in flags[i]]] = 1.0
+        if name in cols:
+            literal[np.array([isinstance(v, float) and math.isnan(v) for v in values[name]], dtype=bool)] = 1.0
+        if literal.any():
+            cols.setdefault(name, np.full(n, np.nan))
+            cols[name + NAN_SUFFIX] = literal
     _derive(cols)
     if "step" not in cols or not np.isfinite(cols["step"]).any():
         cols["step"] = np.arange(1, n + 1, dtype=np.float64)

@@ -10,7 +10,7 @@ import numpy as np
 
 from blockdraft.doctor import charts
 from blockdraft.doctor.console import describe, unchecked
-from blockdraft.doctor.findings import Finding
+from blockdraft.doctor.findings import Finding, severity_counts
 from blockdraft.doctor.run import LoggedRun
 
 CSS = """
@@ -57,12 +57,8 @@ def render(run: LoggedRun, findings: list[Finding]) -> str:
 def _counts(findings: list[Finding]) -> str:
     if not findings:
         return "<p class='ok'>No findings: nothing unusual in what this log records.</p>"
-    spans = []
-    for sev in ("error", "warning", "info"):
-        n = sum(f.severity == sev for f in findings)
-        if n:
-            spans.append(f"<span class='{sev}'>{n} {sev}</span>")
-    return f"<div class='counts'>{''.join(spans)}</div>"
+    spans = "".join(f"<span class='{sev}'>{n} {sev}</span>" for sev, n in severity_counts(findings).items())
+    return f"<div class='counts'>{spans}</div>"
 
 
 def _table(findings: list[Finding]) -> str:
@@ -70,7 +66,7 @@ def _table(findings: list[Finding]) -> str:
         return ""
     rows = ["<table><tr><th>severity</th><th>code</th><th>steps</th><th>finding</th></tr>"]
     for f in findings:
-        steps = f"{f.steps[0]}" if f.steps[0] == f.steps[1] else f"{f.steps[0]}&ndash;{f.steps[1]}"
+        steps = f.step_text("&ndash;")
         evidence = ", ".join(f"{html.escape(k)}={_fmt(v)}" for k, v in f.evidence.items())
         rows.append(
             f"<tr><td class='sev {f.severity}'>{f.severity}</td><td><code>{f.code}</code></td><td>{steps}</td>"
@@ -97,8 +93,9 @@ def _charts(run: LoggedRun, findings: list[Finding]) -> list[tuple[str, bytes]]:
         ("learning rate", charts.lr_chart(run, findings)),
         ("grad norm", charts.metric_chart(run, findings, "grad_norm", "gradient norm (before clipping)", log_y=True)),
         ("step time", charts.timing_chart(run, findings)),
-        ("throughput", charts.throughput_chart(run, findings)),
-        ("queue", charts.queue_chart(run, findings)),
+        ("throughput", charts.series_chart(run, findings, "tok_per_s", "throughput", "tok/s", ("throughput_drift",))),
+        ("queue", charts.series_chart(run, findings, "queue_depth", "prefetch queue depth", "batches queued",
+                                      ("queue_drain", "data_wait"), height=2.5, from_zero=True)),
         ("buckets", charts.bucket_chart(run)),
         ("loss by bucket", charts.bucket_hist_chart(run)),
     ]

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 NAN_SUFFIX = "!nan"
+NAN_WATCH = ("loss", "grad_norm", "acc", "lr", "tau_est", "kl")  # fields whose non-finite values are counted
 HF_KEYS = ("train/global_step", "train/learning_rate", "train/epoch")
 MISSING_BUCKET = -1
 MIXED_BUCKET = -2

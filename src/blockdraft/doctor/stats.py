@@ -126,14 +126,10 @@ def transition_offsets(
     Returns the offsets and which groups were pinned down by enough transitions.
     """
     offsets = np.zeros(k)
-    known = np.zeros(k, dtype=bool)
-    if k < 2 or len(y) < 3:
-        known[:] = True
-        return offsets, known
     starts, lengths, values = runs(groups)
-    if len(starts) < 2:
-        known[:] = True
-        return offsets, known
+    if k < 2 or len(y) < 3 or len(starts) < 2:
+        return offsets, np.ones(k, dtype=bool)
+    known = np.zeros(k, dtype=bool)
     a, b = values[:-1], values[1:]
     right = starts[1:]
     left_end = right - 1
@@ -213,10 +209,14 @@ def slope(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.polyfit(xs, ys, 1)[0])
 
 
+def _finite_pairs(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ok = np.isfinite(x) & np.isfinite(y)
+    return x[ok], y[ok]
+
+
 def theil_sen(x: np.ndarray, y: np.ndarray) -> float:
     """Median of pairwise slopes: a trend that a few outlying blocks cannot bend."""
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
+    x, y = _finite_pairs(x, y)
     if len(x) < 3:
         return float("nan")
     i, j = np.triu_indices(len(x), k=1)
@@ -226,8 +226,7 @@ def theil_sen(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
+    x, y = _finite_pairs(x, y)
     if len(x) < 3:
         return float("nan")
     rx = np.argsort(np.argsort(x)).astype(float)
@@ -239,11 +238,10 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 @dataclass
 class Levels:
-    """Distinct levels of a series: each row's level (0 = lowest) and each level's mean, sd, share."""
+    """Distinct levels of a series: each row's level (0 = lowest) and each level's mean and share."""
 
     labels: np.ndarray
     means: np.ndarray
-    sds: np.ndarray
     shares: np.ndarray
 
 
@@ -276,7 +274,7 @@ def mixture_levels(x: np.ndarray, max_k: int = 4, sample: int = 20000, seed: int
     _, w, mu, sd = best
     labels = np.full(len(x), -1, dtype=np.int64)
     labels[ok] = np.argmax(_log_resp(x[ok], w, mu, sd), axis=1)
-    return Levels(labels=labels, means=mu, sds=sd, shares=w)
+    return Levels(labels=labels, means=mu, shares=w)
 
 
 SEPARATION = 2.0

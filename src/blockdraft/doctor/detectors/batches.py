@@ -8,7 +8,7 @@ import numpy as np
 
 from blockdraft.data.interleave import lag1_autocorr
 from blockdraft.doctor import stats
-from blockdraft.doctor.context import Context
+from blockdraft.doctor.context import Context, shared
 from blockdraft.doctor.findings import Finding
 from blockdraft.doctor.run import MIXED_BUCKET
 
@@ -17,10 +17,9 @@ MIN_LEVEL_SPREAD = 1.25
 INTERLEAVED_MAX_R1 = -0.05
 
 
+@shared
 def _batch_order(ctx: Context) -> dict[str, float] | None:
     """Same-bucket run statistics of the micro-batch sequence, shared with bucket_loss_modes."""
-    if "batch_order" in ctx.shared:
-        return ctx.shared["batch_order"]
     seq = ctx.t.bucket_seq
     out = None
     if len(seq) >= 50:
@@ -55,7 +54,6 @@ def _batch_order(ctx: Context) -> dict[str, float] | None:
         lengths = ctx.t.get("seq_len_max")
         r1 = lag1_autocorr(lengths[np.isfinite(lengths)])
         out = {"lag1_autocorr": r1, "violated": float(math.isfinite(r1) and r1 >= 0.5)}
-    ctx.shared["batch_order"] = out
     return out
 
 
@@ -134,7 +132,7 @@ def homogeneous_batches(ctx: Context) -> list[Finding]:
         Finding(
             code="homogeneous_batches",
             severity="error" if strong else "warning",
-            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+            steps=ctx.whole_log,
             summary="batches come in long runs of one length bucket: " + "; ".join(parts),
             evidence={**{k: v for k, v in info.items() if k != "violated"}, **(updates.evidence if updates else {})},
             advice=(
@@ -154,7 +152,7 @@ def _homogeneous_from_levels(ctx: Context, info: dict) -> Finding:
     return Finding(
         code="homogeneous_batches",
         severity="warning",
-        steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+        steps=ctx.whole_log,
         summary=(
             f"likely: the log names no buckets, but its loss has {info['levels']} distinct levels "
             f"({ratios} of records) that follow each other at random (lag-1 autocorrelation "
@@ -185,10 +183,9 @@ def _long_run_spans(ctx: Context, info: dict[str, float]) -> list[tuple[int, int
     )
 
 
+@shared
 def _bucket_modes(ctx: Context) -> dict[str, float] | None:
     """Share of the loss's spread explained by the bucket (eta^2 of the detrended log loss)."""
-    if "bucket_modes" in ctx.shared:
-        return ctx.shared["bucket_modes"]
     fit = ctx.loss_fit
     out = None
     if fit is not None and len(fit.labels) >= 2:
@@ -204,7 +201,6 @@ def _bucket_modes(ctx: Context) -> dict[str, float] | None:
             }
             spread = math.exp(max(offsets.values()) - min(offsets.values())) if offsets else 1.0
             out = {"eta2": var_between / var_total if var_total > 0 else 0.0, "spread": spread, "offsets": offsets}
-    ctx.shared["bucket_modes"] = out
     return out
 
 
@@ -244,7 +240,7 @@ def bucket_loss_modes(ctx: Context) -> list[Finding]:
         Finding(
             code="bucket_loss_modes",
             severity="warning" if homogeneous else "info",
-            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+            steps=ctx.whole_log,
             summary=summary,
             evidence=evidence,
             advice=advice,

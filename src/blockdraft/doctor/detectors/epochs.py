@@ -87,20 +87,28 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
                 f"{epochs_cfg:g} epochs of {implied_spe:.0f} steps make {expected_total:.0f} steps, "
                 f"but progress counts to {implied_total:.0f}"
             )
+    return _finding(
+        ctx, rows, problems, "epoch bookkeeping is inconsistent: " + "; ".join(problems), evidence,
+        "Count epochs in optimizer steps of this run (batches / grad_accum / world size) and log "
+        "epoch_progress per epoch and progress per run; LR schedules and ETAs built on a wrong count "
+        "are wrong too.",
+    )
+
+
+def _finding(
+    ctx: Context, rows: np.ndarray, problems: list[str], summary: str, evidence: dict[str, float], advice: str
+) -> list[Finding]:
+    """The epoch_accounting finding over the checked rows, weighted by its problems; none without any."""
     if not problems:
         return []
     return [
         Finding(
             code="epoch_accounting",
             severity="warning",
-            steps=(int(steps[0]), int(steps[-1])),
-            summary="epoch bookkeeping is inconsistent: " + "; ".join(problems),
+            steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
+            summary=summary,
             evidence=evidence,
-            advice=(
-                "Count epochs in optimizer steps of this run (batches / grad_accum / world size) and log "
-                "epoch_progress per epoch and progress per run; LR schedules and ETAs built on a wrong count "
-                "are wrong too."
-            ),
+            advice=advice,
             weight=float(len(problems)),
         )
     ]
@@ -158,20 +166,9 @@ def _fractional_epoch(ctx: Context, rows: np.ndarray) -> list[Finding]:
                 f"{run_share:.1f}% done, not {100 * last:.0f}%"
             )
             evidence["run_progress_pct"] = run_share
-    if not problems:
-        return []
-    return [
-        Finding(
-            code="epoch_accounting",
-            severity="warning",
-            steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
-            summary="; ".join(problems),
-            evidence=evidence,
-            advice=(
-                "Log the epoch as an integer plus epoch_progress (0..1 of this epoch) and progress (0..1 of the "
-                "run), counted in optimizer steps (batches / grad_accum / world size); warmup, LR schedule and ETA "
-                "estimates built on a misread epoch are off by the number of epochs."
-            ),
-            weight=float(len(problems)),
-        )
-    ]
+    return _finding(
+        ctx, rows, problems, "; ".join(problems), evidence,
+        "Log the epoch as an integer plus epoch_progress (0..1 of this epoch) and progress (0..1 of the "
+        "run), counted in optimizer steps (batches / grad_accum / world size); warmup, LR schedule and ETA "
+        "estimates built on a misread epoch are off by the number of epochs.",
+    )

@@ -84,22 +84,8 @@ def data_wait(ctx: Context) -> list[Finding]:
     share = w[: nb * size].reshape(nb, size).sum(1) / s[: nb * size].reshape(nb, size).sum(1)
     hot = share >= 0.2
     stretches = [(a, b) for a, b in stats.events(hot, max_gap=1) if (b - a + 1) >= max(2, nb // 20)]
-    if total_share < 0.1 and not stretches:
-        if total_share >= 0.03:
-            return [_data_wait_finding(ctx, "info", total_share, [], rows, size, share)]
+    if not stretches and total_share < 0.03:
         return []
-    return [_data_wait_finding(ctx, "warning", total_share, stretches, rows, size, share)]
-
-
-def _data_wait_finding(
-    ctx: Context,
-    severity: str,
-    total_share: float,
-    stretches: list[tuple[int, int]],
-    rows: np.ndarray,
-    size: int,
-    share: np.ndarray,
-) -> Finding:
     spans = [
         (ctx.step_at(rows[a * size]), ctx.step_at(rows[min(len(rows) - 1, (b + 1) * size - 1)])) for a, b in stretches
     ]
@@ -110,19 +96,21 @@ def _data_wait_finding(
     if spans and np.isfinite(q).any():
         inside = np.concatenate([ctx.rows_between(a, b) for a, b in spans])
         evidence["queue_depth_in_stretches"] = float(np.nanmean(q[inside]))
-    return Finding(
-        code="data_wait",
-        severity=severity,
-        steps=spans[0][0:1] + spans[-1][1:2] if spans else (ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
-        summary=f"the trainer waits for data {100 * total_share:.1f}% of step time{where}",
-        evidence=evidence,
-        advice=(
-            "The GPU idles on input: more loader workers, a deeper prefetch queue, a tokenization cache, "
-            "and batch plans built ahead of the epoch boundary."
-        ),
-        weight=total_share,
-        spans=spans,
-    )
+    return [
+        Finding(
+            code="data_wait",
+            severity="warning" if spans or total_share >= 0.1 else "info",
+            steps=spans[0][0:1] + spans[-1][1:2] if spans else (ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
+            summary=f"the trainer waits for data {100 * total_share:.1f}% of step time{where}",
+            evidence=evidence,
+            advice=(
+                "The GPU idles on input: more loader workers, a deeper prefetch queue, a tokenization cache, "
+                "and batch plans built ahead of the epoch boundary."
+            ),
+            weight=total_share,
+            spans=spans,
+        )
+    ]
 
 
 def throughput_drift(ctx: Context) -> list[Finding]:

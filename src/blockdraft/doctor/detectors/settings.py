@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from blockdraft.doctor import schedule
+from blockdraft.doctor import schedule, stats
 from blockdraft.doctor.context import Context
 from blockdraft.doctor.detectors.training import spike_events
 from blockdraft.doctor.findings import Finding
@@ -139,7 +139,7 @@ def lr_schedule_mismatch(ctx: Context) -> list[Finding]:
                 "the scheduler state is restored on resume, and that the schedule named in the config is used."
             ),
             weight=count / max(1, ok.sum()),
-            spans=[(ctx.step_at(a), ctx.step_at(b)) for a, b in _spans(rows)],
+            spans=[(ctx.step_at(a), ctx.step_at(b)) for a, b in stats.events(bad, max_gap=0)[:50]],
         )
     ]
 
@@ -150,15 +150,6 @@ def _mismatch(ctx: Context, lr: np.ndarray, expected: np.ndarray) -> tuple[np.nd
     scale = np.maximum(np.abs(expected), 0.02 * ctx.lr_peak)
     rel = np.where(ok, np.abs(lr - expected) / scale, 0.0)
     return rel > LR_TOLERANCE, rel
-
-
-def _spans(rows: np.ndarray) -> list[tuple[int, int]]:
-    if not len(rows):
-        return []
-    cut = np.flatnonzero(np.diff(rows) > 1)
-    firsts = np.concatenate([[rows[0]], rows[cut + 1]])
-    lasts = np.concatenate([rows[cut], [rows[-1]]])
-    return list(zip(firsts.tolist(), lasts.tolist(), strict=True))[:50]
 
 
 def _lr_jumps(ctx: Context, lr: np.ndarray) -> list[Finding]:
@@ -245,7 +236,7 @@ def noise_schedule_flat(ctx: Context) -> list[Finding]:
         Finding(
             code="noise_schedule_flat",
             severity="warning",
-            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+            steps=ctx.whole_log,
             summary=summary,
             evidence=evidence,
             advice=(
@@ -284,7 +275,7 @@ def optimizer_betas(ctx: Context) -> list[Finding]:
         Finding(
             code="optimizer_betas",
             severity=severity,
-            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)),
+            steps=ctx.whole_log,
             summary=summary,
             evidence=evidence,
             advice=advice,
@@ -308,7 +299,7 @@ def loss_decay_gamma(ctx: Context) -> list[Finding]:
         Finding(
             code="loss_decay_gamma",
             severity="warning",
-            steps=(ctx.step_at(0), ctx.step_at(ctx.n - 1)) if ctx.n else (0, 0),
+            steps=ctx.whole_log,
             summary=(
                 f"loss decay gamma={gamma:g} does not match block size {block} (expected ~{expected:g}): "
                 + ("later positions are under-weighted" if gamma < expected else "early positions lose weight")

@@ -9,11 +9,12 @@ import numpy as np
 from blockdraft.doctor import stats
 from blockdraft.doctor.context import Context
 from blockdraft.doctor.findings import Finding, plural
+from blockdraft.doctor.run import NAN_WATCH
 
 
 def nonfinite(ctx: Context) -> list[Finding]:
     t = ctx.t
-    fields = [name for name in ("loss", "grad_norm", "acc", "lr", "tau_est", "kl") if name in t.cols]
+    fields = [name for name in NAN_WATCH if name in t.cols]
     bad = np.zeros(ctx.n, dtype=bool)
     per_field = {}
     for name in fields:
@@ -28,16 +29,15 @@ def nonfinite(ctx: Context) -> list[Finding]:
     guarded = bool(skipped.all()) and "lr" not in per_field
     first, last = ctx.step_at(rows[0]), ctx.step_at(rows[-1])
     fields_text = ", ".join(f"{k} x{v}" for k, v in per_field.items())
-    noun = "steps" if len(rows) > 1 else "step"
     if guarded:
-        summary = f"{len(rows)} {noun} had non-finite values ({fields_text}); the guard skipped every one"
+        summary = f"{plural(len(rows), 'step')} had non-finite values ({fields_text}); the guard skipped every one"
         advice = (
             "The guard worked, but find the cause: look at those batches (skip records list them), "
             "lower the LR, or check for an fp16 overflow."
         )
     else:
         summary = (
-            f"{len(rows)} {noun} had non-finite values ({fields_text}) and {int((~skipped).sum())} "
+            f"{plural(len(rows), 'step')} had non-finite values ({fields_text}) and {int((~skipped).sum())} "
             f"{'was' if (~skipped).sum() == 1 else 'were'} applied"
         )
         advice = (

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from blockdraft.doctor.context import Context
+from blockdraft.doctor.context import Context, shared
 from blockdraft.doctor.findings import Finding, plural
 
 UNEXPLAINED_STALL_S = 30.0
@@ -23,22 +23,15 @@ ROUND_STEPS = 500
 WARMUP_UPDATES = 20  # a process compiles its graphs in its first updates; later growth is a recompile
 
 
-def _marker_steps(ctx: Context, kind: str) -> np.ndarray:
-    steps = [r.get("step") for r in ctx.run.of_kind(kind)]
-    return np.array(sorted(float(s) for s in steps if isinstance(s, int | float)), dtype=np.float64)
-
-
+@shared
 def _gaps(ctx: Context) -> dict[str, np.ndarray]:
     """Per row: records missing before it, and wall time beyond what its steps should have taken."""
-    if "gaps" in ctx.shared:
-        return ctx.shared["gaps"]
     missing = np.where(ctx.gap_rows, np.nan_to_num(ctx.dstep - ctx.stride, nan=0.0), 0.0)
     excess = np.zeros(ctx.n)
     sec = ctx.seconds_per_step
     if math.isfinite(sec) and np.isfinite(ctx.dtime).any():
         excess = np.nan_to_num(ctx.dtime - ctx.dstep * sec, nan=0.0)
-    ctx.shared["gaps"] = {"missing": missing, "excess": excess}
-    return ctx.shared["gaps"]
+    return {"missing": missing, "excess": excess}
 
 
 def _at_gap_start(markers: np.ndarray, prev_step: np.ndarray, stride: float) -> np.ndarray:
@@ -122,9 +115,9 @@ def logging_gap(ctx: Context) -> list[Finding]:
         return []
     gaps = _gaps(ctx)
     prev = np.concatenate([[np.nan], ctx.step[:-1]])
-    explained = _at_gap_start(_marker_steps(ctx, "checkpoint"), prev, ctx.stride)
-    explained |= _at_gap_start(_marker_steps(ctx, "eval"), prev, ctx.stride)
-    explained |= _compiled_rows(ctx)  # late_recompile reports these
+    explained = _at_gap_start(ctx.marker_steps("checkpoint"), prev, ctx.stride)
+    explained |= _at_gap_start(ctx.marker_steps("eval"), prev, ctx.stride)
+    explained |= _compiled(ctx) > 0  # late_recompile reports these
     lost = gaps["missing"] > 0
     stalled = gaps["excess"] >= _stall_threshold(ctx)
     rows = np.flatnonzero((lost | stalled) & ~explained)
@@ -253,33 +246,31 @@ def _periodic(starts: np.ndarray, stride: float) -> tuple[np.ndarray, int | None
     return none, None
 
 
-def _compiled_rows(ctx: Context) -> np.ndarray:
-    """Rows whose update compiled graphs: `graphs_compiled` (per process) grew since the row before;
-    a fall starts a new process (a resume), whose count starts again."""
+def _compiled(ctx: Context) -> np.ndarray:
+    """Graphs each row's update compiled: the growth of `graphs_compiled` (per process) since the row
+    before, 0 where it did not grow (a fall starts a new process, a resume, whose count starts again)."""
     if not ctx.t.has("graphs_compiled") or ctx.n < 2:
-        return np.zeros(ctx.n, dtype=bool)
-    g = ctx.t.get("graphs_compiled")
-    prev = np.concatenate([[np.nan], g[:-1]])
+        return np.zeros(ctx.n)
     with np.errstate(invalid="ignore"):
-        return np.isfinite(g) & np.isfinite(prev) & (g > prev)
+        growth = np.concatenate([[np.nan], np.diff(ctx.t.get("graphs_compiled"))])
+        return np.where(np.isfinite(growth) & (growth > 0), growth, 0.0)
 
 
 def late_recompile(ctx: Context) -> list[Finding]:
     """Graphs compiled after a process's warm-up: each is a stall (seconds to a minute on a GPU), and a
     run whose shapes keep changing never stops paying them."""
-    grew = _compiled_rows(ctx)
-    if not grew.any():
+    compiled = _compiled(ctx)
+    if not compiled.any():
         return []
     g = ctx.t.get("graphs_compiled")
-    prev = np.concatenate([[np.nan], g[:-1]])
     with np.errstate(invalid="ignore"):
         new_process = np.concatenate([[True], ~(g[1:] >= g[:-1])])  # the first row, and after a fall
-    starts = _marker_steps(ctx, "run_start")  # a resume's first row, even if its count did not fall
+    starts = ctx.marker_steps("run_start")  # a resume's first row, even if its count did not fall
     if len(starts):
         before = np.concatenate([[-np.inf], ctx.step[:-1]])
         new_process |= np.searchsorted(starts, ctx.step, side="left") > np.searchsorted(starts, before, side="left")
     since = np.arange(ctx.n) - np.maximum.accumulate(np.where(new_process, np.arange(ctx.n), 0))
-    rows = np.flatnonzero(grew & (since >= WARMUP_UPDATES))
+    rows = np.flatnonzero((compiled > 0) & (since >= WARMUP_UPDATES))
     if not len(rows):
         return []
     lost = 0.0
@@ -287,7 +278,7 @@ def late_recompile(ctx: Context) -> list[Finding]:
         st = ctx.t.get("step_time")
         typical = float(np.nanmedian(st)) if np.isfinite(st).any() else math.nan
         lost = float(np.nansum(np.maximum(st[rows] - typical, 0.0))) if math.isfinite(typical) else 0.0
-    graphs = int(np.nansum(g[rows] - prev[rows]))
+    graphs = int(compiled[rows].sum())
     last = ctx.step_at(rows[-1])
     severity = "warning" if len(rows) >= 3 or lost >= COSTLY_STALL_S / 2 else "info"
     return [

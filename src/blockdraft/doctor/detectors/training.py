@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from blockdraft.doctor import stats
-from blockdraft.doctor.context import Context
+from blockdraft.doctor.context import Context, shared
 from blockdraft.doctor.findings import Finding, plural
 
 SPIKE_Z = 8.0
@@ -29,10 +29,9 @@ class Event:
     ratio: float
 
 
+@shared
 def spike_events(ctx: Context) -> list[Event]:
     """Rows far above their own bucket's level: robust z >= SPIKE_Z and at least SPIKE_RATIO x."""
-    if "spikes" in ctx.shared:
-        return ctx.shared["spikes"]
     fit = ctx.loss_fit
     out: list[Event] = []
     if fit is not None:
@@ -44,20 +43,17 @@ def spike_events(ctx: Context) -> list[Event]:
             seg = fit.resid[a : b + 1]
             peak = a + int(np.nanargmax(seg))
             out.append(Event(a, b, peak, float(math.exp(fit.resid[peak]))))
-    ctx.shared["spikes"] = out
     return out
 
 
+@shared
 def level_drops(ctx: Context) -> tuple[list[Event], str]:
     """Sustained drops of accuracy (or, without acc, rises of loss) against the recent level."""
-    if "cliffs" in ctx.shared:
-        return ctx.shared["cliffs"]
     fit, metric = ctx.acc_fit, "acc"
     if fit is None:
         fit, metric = ctx.loss_fit, "loss"
     if fit is None:
-        ctx.shared["cliffs"] = ([], metric)
-        return ctx.shared["cliffs"]
+        return [], metric
     sign = 1.0 if metric == "acc" else -1.0
     y = sign * (fit.trend + fit.resid)
     drop = CLIFF_DROP if metric == "acc" else math.log(1.6)
@@ -94,8 +90,7 @@ def level_drops(ctx: Context) -> tuple[list[Event], str]:
             last_row = min(ctx.n - 1, end_block * CLIFF_BLOCK) if len(back) else ctx.n - 1
             events.append(Event(onset, last_row, last_row if len(back) else -1, math.exp(trough - pre[j])))
             next_free = end_block + CLIFF_PRE_BLOCKS
-    ctx.shared["cliffs"] = (events, metric)
-    return ctx.shared["cliffs"]
+    return events, metric
 
 
 def _onset_row(y: np.ndarray, block_start: int, threshold: float) -> int:
@@ -178,13 +173,7 @@ def loss_spike(ctx: Context) -> list[Finding]:
 
 
 def _rows_after_checkpoints(ctx: Context, rows: list[int], within: int) -> int:
-    ckpt = np.array(
-        sorted(
-            float(r.get("step", np.nan))
-            for r in ctx.run.of_kind("checkpoint")
-            if isinstance(r.get("step"), int | float)
-        )
-    )
+    ckpt = ctx.marker_steps("checkpoint")
     if not len(ckpt) or not rows:
         return 0
     steps = ctx.step[np.array(rows)]
