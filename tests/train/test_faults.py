@@ -138,3 +138,30 @@ def test_a_checkpoint_of_an_older_blockdraft_is_one_clear_line(tiny_config, tmp_
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert "step-000006 was written by an older blockdraft" in err and "\n" not in err, err
+
+
+def test_a_crash_while_a_step_is_saved_again_keeps_the_checkpoint_it_replaces(tiny_config, monkeypatch):
+    """Resuming a finished run saves its last step again. Until the new save commits, the committed one
+    is only set aside: a crash in between resumes from it, and the next commit of the step removes it."""
+    import blockdraft.train.checkpoint as checkpoint
+
+    cfg = tiny_config()
+    root = Trainer(cfg, show_console=False).run().run_dir / "checkpoints"
+    assert [c.name for c in committed_checkpoints(root)] == ["step-000003", "step-000006"]
+    replace = os.replace
+
+    def fail_on_the_new_folder(src, dst):
+        if str(src).endswith(".tmp-step-000006"):  # between setting the old one aside and renaming the new in
+            raise OSError(errno.EIO, "Input/output error")
+        return replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", fail_on_the_new_folder)
+    Trainer(cfg, resume=True, show_console=False).run()
+    assert not (root / "step-000006").exists()
+    assert [c.name for c in committed_checkpoints(root)] == ["step-000003", ".replaced-step-000006"]
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
+    resumed = Trainer(cfg, resume=True, show_console=False)
+    assert resumed.step == 6  # from the set-aside checkpoint, not step 3
+    assert resumed.run().status == "completed"
+    assert [c.name for c in committed_checkpoints(root)] == ["step-000003", "step-000006"]
+    assert not list(root.glob(".replaced-*")) and not list(root.glob(".tmp-*"))

@@ -22,8 +22,9 @@ def test_classes_are_tile_multiples_above_the_size_and_few():
     assert len(shapes.block_ladder(1536)) == 40
 
 
-def _first_update(cfg, seed: int = 0):
-    """(stats vector, gradients, the pass's (L', V')) of update 1 on the first batch."""
+def _first_update(cfg, seed: int = 0, warm_up: bool = False):
+    """(stats vector, gradients, the pass's (L', V')) of update 1 on the first batch; with `warm_up`, after
+    the warm-up of the plan's picks (checked to leave RNG and gradients as they were)."""
     trainer = Trainer(cfg, show_console=False)
     try:
         batch = trainer.hot.to_device(trainer.prefetcher.next())
@@ -31,6 +32,13 @@ def _first_update(cfg, seed: int = 0):
         trainer.prefetcher.close()
     torch.manual_seed(seed)
     trainer.drafter.reset_parameters()
+    if warm_up:
+        trainer.hot.compile = True  # what warm_up looks at; the tiny config runs on the CPU's plain path
+        rng = torch.get_rng_state()
+        picks = trainer.hot.warmup_batches(trainer.dataset, trainer.sampler, dataset_blocks(trainer.dataset, cfg), 2)
+        assert trainer.hot.warm_up(picks) >= 2
+        assert torch.equal(torch.get_rng_state(), rng)
+        assert all(p.grad is None for p in trainer.drafter.parameters())
     vector, _ = trainer.hot.accumulate([batch], step=1, rank=0, noise_std=0.1)
     shapes = [(p.packed.input_ids.shape[0], p.packed.padded_blocks, p.packed.real_tokens, p.packed.num_blocks)
               for p in batch.passes]
@@ -97,23 +105,9 @@ def test_the_warm_up_leaves_the_run_as_it_was(tiny_config, monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
     cfg = tiny_config(train={"shape_classes": True}, noise={"std": 0.1})
     v1, g1, _ = _first_update(cfg)
-
-    trainer = Trainer(cfg, show_console=False)
-    try:
-        batch = trainer.hot.to_device(trainer.prefetcher.next())
-    finally:
-        trainer.prefetcher.close()
-    torch.manual_seed(0)
-    trainer.drafter.reset_parameters()
-    trainer.hot.compile = True  # what warm_up looks at; the tiny config runs on the CPU's plain path
-    rng = torch.get_rng_state()
-    batches = trainer.hot.warmup_batches(trainer.dataset, trainer.sampler, dataset_blocks(trainer.dataset, cfg), 2)
-    assert trainer.hot.warm_up(batches) >= 2
-    assert torch.equal(torch.get_rng_state(), rng)
-    assert all(p.grad is None for p in trainer.drafter.parameters())
-    vector, _ = trainer.hot.accumulate([batch], step=1, rank=0, noise_std=0.1)
-    torch.testing.assert_close(vector, v1, rtol=0, atol=0)
-    for a, b in zip(g1, (p.grad for p in trainer.drafter.parameters()), strict=True):
+    v2, g2, _ = _first_update(cfg, warm_up=True)
+    torch.testing.assert_close(v2, v1, rtol=0, atol=0)
+    for a, b in zip(g1, g2, strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=0)
 
 

@@ -12,9 +12,10 @@ Layout: RUN/checkpoints/step-000200/
   COMMITTED             written last: its presence is the only proof a checkpoint is complete
 
 Order: every rank writes its DCP file into `.tmp-step-000200/` (on a file system every rank sees);
-rank 0 adds the other files, fsyncs each file and the folder, renames the folder into place, fsyncs
-the parent, writes COMMITTED (fsync), then points `latest` at it (a symlink swapped atomically) and
-prunes old checkpoints beyond keep_last. Resume trusts only COMMITTED folders.
+rank 0 adds the other files, fsyncs each file and the folder, renames the folder into place (a
+committed one of the same step is set aside as `.replaced-step-000200/` until then, and still counts
+until the new one commits), fsyncs the parent, writes COMMITTED (fsync), points `latest` at it (a
+symlink swapped atomically) and prunes beyond keep_last. Resume trusts only COMMITTED folders.
 
 Asynchronous saves (`Checkpointer`, the trainer's one entry point): between two steps each rank stages
 a snapshot with DCP's own stager (`FileSystemWriter.stage`, what `dcp.async_save` runs before it
@@ -24,10 +25,9 @@ daemon thread of ours while training goes on (`dcp.async_save`'s executor thread
 second Ctrl-C must not wait for a hung write). At most one save is in flight, so the loop is held
 only to wait for the previous save (if still running) and to copy.
 
-Readers: a resume at any world size (1 included) reads the slices it needs; export, ckpt-scan and
-eval rebuild full tensors in one process from the checkpoint's own metadata. Without a process
-group, DCP saves and loads in this process alone. A checkpoint of an older blockdraft
-(drafter.safetensors, no .metadata) is refused in one line.
+Readers: a resume at any world size reads the slices it needs; export, ckpt-scan and eval rebuild
+full tensors in one process from the metadata (no process group: DCP runs in this process alone).
+A checkpoint of an older blockdraft (drafter.safetensors, no .metadata) is refused in one line.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from blockdraft.errors import UserError
 
 MARKER = "COMMITTED"
+REPLACED = ".replaced-"  # a committed checkpoint set aside while its step is saved again
 DCP_METADATA = ".metadata"
 OLD_WEIGHTS = "drafter.safetensors"  # the weights file of the format before DCP
 
@@ -87,11 +88,13 @@ def step_dir_name(step: int) -> str:
 
 
 def committed_checkpoints(ckpt_root: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
+    """Complete checkpoints, oldest first; a set-aside one counts while its step has no newer commit."""
     if not ckpt_root.is_dir():
         return []
     found = [p for p in ckpt_root.glob("step-*") if p.is_dir() and (p / MARKER).is_file()]
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+    found += [p for p in ckpt_root.glob(f"{REPLACED}step-*")
+              if (p / MARKER).is_file() and not (ckpt_root / p.name.removeprefix(REPLACED) / MARKER).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
 
 
 def host_stager() -> FileSystemWriter:
@@ -114,8 +117,11 @@ def _fresh_tmp(ckpt_root: Path, step: int) -> Path:
 def _commit(ckpt_root: Path, tmp: Path, step: int, manifest: dict[str, tuple[int, int]], keep_last: int
             ) -> tuple[Path, int]:
     """Rename the sealed temp folder into place, then COMMITTED, `latest` and pruning."""
-    final = ckpt_root / step_dir_name(step)
-    if final.exists():  # an uncommitted leftover of an earlier crash at this very step
+    final, aside = ckpt_root / step_dir_name(step), ckpt_root / f"{REPLACED}{step_dir_name(step)}"
+    if (final / MARKER).is_file():  # a re-save of this step: the old one stays whole until the new commits
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
+    elif final.exists():  # an uncommitted leftover of an earlier crash at this very step
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(ckpt_root)
@@ -124,6 +130,7 @@ def _commit(ckpt_root: Path, tmp: Path, step: int, manifest: dict[str, tuple[int
     _fsync_file(marker)
     _fsync_dir(final)
     _point_latest(ckpt_root, final)
+    shutil.rmtree(aside, ignore_errors=True)
     _prune(ckpt_root, keep_last)
     return final, sum(size for size, _ in manifest.values())
 
@@ -134,14 +141,6 @@ def _crc32(path: Path) -> int:
         while chunk := fh.read(1 << 22):
             crc = zlib.crc32(chunk, crc)
     return crc
-
-
-def _write_meta(tmp: Path, drafter_config: dict[str, Any], trainer_state: dict[str, Any],
-                trainer_info: dict[str, Any]) -> None:
-    """The files besides DCP's, written by rank 0 once every rank's DCP write is done."""
-    (tmp / "drafter_config.json").write_text(json.dumps(drafter_config, indent=2))
-    torch.save(trainer_state, tmp / "trainer.pt")
-    (tmp / "trainer.json").write_text(json.dumps(trainer_info, indent=2, default=str))
 
 
 def _seal(tmp: Path) -> dict[str, tuple[int, int]]:
@@ -220,7 +219,9 @@ class Checkpointer:
                 dcp.save(staged, checkpoint_id=tmp, storage_writer=self._writer, process_group=self.group)
             if self.rank != 0:
                 return self.root / step_dir_name(step), 0
-            _write_meta(tmp, drafter_config, trainer_state, trainer_info)
+            (tmp / "drafter_config.json").write_text(json.dumps(drafter_config, indent=2))  # the files besides DCP's
+            torch.save(trainer_state, tmp / "trainer.pt")
+            (tmp / "trainer.json").write_text(json.dumps(trainer_info, indent=2, default=str))
             manifest = _seal(tmp)
         except BaseException:
             if self.rank == 0:  # a failed write (full disk) leaves nothing behind

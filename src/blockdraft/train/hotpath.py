@@ -78,13 +78,12 @@ def warmup_picks(micro_batches: list[tuple[list[int], list[int]]], shapes: Shape
             first.setdefault(c, i)
             seen[c] = seen.get(c, 0) + 1
     picks = [first[c] for c in sorted(first, key=lambda c: (-seen[c], c))]
+    if micro_batches:
+        picks.append(max(range(len(micro_batches)), key=lambda i: len(micro_batches[i][0])))  # the most rows
     lone = [i for i, (lengths, _) in enumerate(micro_batches) if len(lengths) == 1]
-    widest = max(range(len(micro_batches)), key=lambda i: len(micro_batches[i][0]), default=None)
-    for extra in ([widest] if widest is not None else []) + ([max(lone, key=lambda i: micro_batches[i][0][0])]
-                                                             if lone else []):
-        if extra not in picks:
-            picks.append(extra)
-    return list(dict.fromkeys(picks))
+    if lone:
+        picks.append(max(lone, key=lambda i: micro_batches[i][0][0]))  # the longest lone row
+    return list(dict.fromkeys(picks))  # each once, in order
 
 
 class DraftForward(nn.Module):

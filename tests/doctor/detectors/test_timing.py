@@ -117,6 +117,20 @@ def test_compiling_only_in_warm_up_is_no_finding():
     assert "late_recompile" not in codes(diagnose(log_of(recs)))
 
 
+def test_after_a_logged_warm_up_a_graph_compiled_in_the_first_updates_is_already_late():
+    """The trainer compiles every pass shape of its plan before update 1 and logs a `warmup` record:
+    from then on any growth is a shape the warm-up missed, however early."""
+    recs = step_records(300)
+    for r in recs:  # 9 graphs from the warm-up, one more at update 10; the resume at 150 compiles 3 anew
+        r["graphs_compiled"] = (9 + (r["step"] >= 10)) if r["step"] <= 150 else min(r["step"] - 150, 3)
+    assert "late_recompile" not in codes(diagnose(log_of(recs)))  # inside the first 20 updates
+    recs.insert(0, {"kind": "warmup", "step": 0, "time": -1.0, "passes": 24, "seconds": 117.0,
+                    "graphs_compiled": 9})
+    (found,) = find(diagnose(log_of(recs)), "late_recompile")
+    assert found.steps == (10, 10) and found.evidence["graphs"] == 1
+    assert found.evidence["after_logged_warmup"] == 1  # the resumed process logged none: its 3 are warm-up
+
+
 def test_late_recompiles_in_a_synthetic_run(run_factory):
     run, _, findings = run_factory(4, ("late_recompile",))
     (found,) = find(findings, "late_recompile")

@@ -258,7 +258,9 @@ def _compiled(ctx: Context) -> np.ndarray:
 
 def late_recompile(ctx: Context) -> list[Finding]:
     """Graphs compiled after a process's warm-up: each is a stall (seconds to a minute on a GPU), and a
-    run whose shapes keep changing never stops paying them."""
+    run whose shapes keep changing never stops paying them. The warm-up is the process's first
+    WARMUP_UPDATES updates, or, when it logged a `warmup` record (the trainer's compile of every
+    pass shape of its plan before update 1), nothing after its first update."""
     compiled = _compiled(ctx)
     if not compiled.any():
         return []
@@ -269,8 +271,11 @@ def late_recompile(ctx: Context) -> list[Finding]:
     if len(starts):
         before = np.concatenate([[-np.inf], ctx.step[:-1]])
         new_process |= np.searchsorted(starts, ctx.step, side="left") > np.searchsorted(starts, before, side="left")
-    since = np.arange(ctx.n) - np.maximum.accumulate(np.where(new_process, np.arange(ctx.n), 0))
-    rows = np.flatnonzero((compiled > 0) & (since >= WARMUP_UPDATES))
+    first = np.maximum.accumulate(np.where(new_process, np.arange(ctx.n), 0))  # each row's process start
+    since = np.arange(ctx.n) - first
+    # a process that logged a `warmup` record just before its first update compiled its graphs there
+    warmed = np.isin(ctx.step[first] - 1, ctx.marker_steps("warmup"))
+    rows = np.flatnonzero((compiled > 0) & (since >= np.where(warmed, 1, WARMUP_UPDATES)))
     if not len(rows):
         return []
     lost = 0.0
@@ -289,10 +294,11 @@ def late_recompile(ctx: Context) -> list[Finding]:
             summary=(f"{plural(graphs, 'graph')} compiled after warm-up in {plural(len(rows), 'update')}, "
                      f"the last at step {last}" + (f", about {lost:.0f} s lost" if lost >= 1 else "")),
             evidence={"graphs": graphs, "updates": len(rows), "last_step": last, "lost_s": lost,
-                      "warmup_updates": WARMUP_UPDATES},
+                      "warmup_updates": WARMUP_UPDATES, "after_logged_warmup": int(warmed[rows].any())},
             advice=("New shapes keep reaching the compiled forward: keep train.shape_classes on (it pads each pass "
-                    "to a bounded ladder of sizes), and look for what else changes late (noise switched off, a "
-                    "pass with no blocks, a longer sequence than any before)."),
+                    "to a bounded ladder of sizes and the warm-up compiles every class of the plan before update "
+                    "1), and look for what else changes late (noise switched off, a pass with no blocks, a "
+                    "longer sequence than any before)."),
             weight=lost + len(rows),
             spans=[(ctx.step_at(r - 1) if r else ctx.step_at(r), ctx.step_at(r)) for r in rows],
         )
