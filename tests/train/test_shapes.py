@@ -130,3 +130,20 @@ def test_the_warm_up_picks_one_micro_batch_per_block_class_of_the_plan():
     assert sorted(picks) == [0, 2, 3, 4, 5]
     classes = {shapes.blocks(1024), shapes.blocks(1200), shapes.blocks(800), shapes.blocks(7), shapes.blocks(150)}
     assert len(classes) == 5
+
+
+def test_a_compiled_run_logs_its_warm_up_before_update_1(tiny_config, monkeypatch):
+    """`blockdraft train` warms up from its own plan and says so in the log (eager here: torch.compile
+    made the identity, and the CPU's plain path told it compiles)."""
+    from blockdraft.telemetry.log import read_log
+    from blockdraft.train.hotpath import HotPath
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
+    monkeypatch.setattr(HotPath, "warms_up", property(lambda self: self.shapes is not None))
+    result = Trainer(tiny_config(train={"shape_classes": True}), show_console=False).run()
+    records = read_log(result.run_dir / "log.jsonl")
+    kinds = [r["kind"] for r in records]
+    (warmup,) = [r for r in records if r["kind"] == "warmup"]
+    assert kinds.index("warmup") < kinds.index("step") and warmup["step"] == 0
+    assert warmup["passes"] >= 2 and warmup["seconds"] > 0 and "graphs_compiled" in warmup
+    assert result.status == "completed"
