@@ -12,8 +12,9 @@ and all known at start, so the warm-up compiles every one of them. The padding c
 is cheap and is kept fine where it is not:
   context  always C = the token budget rounded up to 256: a padded context token costs only the fusion
            fc and the layers' k/v projections (about 5% of a target token's forward), and no block
-           sees it (its sequence id is its own), so flex attention skips its tiles; a length mix's
-           micro-batches are mostly full, so little is padded;
+           sees it (its sequence id is its own), so flex attention skips its tiles. Micro-batches cut
+           to equal FLOPs can hold far fewer tokens than the budget (2,260 of 6,144 at the median on
+           the 8B bench's mix), and then this costs several percent of the step;
   blocks   multiples of 128 query tokens (128 // B blocks), then a ratio of 2^(1/8): a filler block
            costs what a real block costs in the drafter's layers (not the lm_head: it has no label).
 Padding never changes the update: filler context is invisible to every real block, filler blocks
