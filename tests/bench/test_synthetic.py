@@ -7,7 +7,7 @@ import numpy as np
 from blockdraft.bench.shapes import target_config
 from blockdraft.bench.synthetic import SyntheticDataset
 from blockdraft.config import build_config
-from blockdraft.data.cost import anchor_candidates, flop_costs
+from blockdraft.data.cost import anchor_candidates, dataset_costs, flop_costs
 
 
 def test_the_mix_costs_are_those_of_the_same_samples_read_as_a_dataset():
@@ -21,7 +21,7 @@ def test_the_mix_costs_are_those_of_the_same_samples_read_as_a_dataset():
     counts, pos_sums = anchor_candidates(as_read, cfg.drafter.block_size)
     answers = np.asarray([m.sum() for _, m in samples])
     expected = flop_costs(data.lengths, counts, pos_sums, hf_cfg, cfg, [1, 2], answers)
-    got = data.batch_costs(hf_cfg, cfg, [1, 2])
+    got = dataset_costs(data, hf_cfg, cfg, [1, 2])
     assert got.kind == "flops" and (counts > 0).all()
     np.testing.assert_allclose(got.work, expected.work, rtol=1e-12)
     np.testing.assert_allclose(got.row, expected.row, rtol=1e-12)

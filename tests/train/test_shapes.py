@@ -84,7 +84,7 @@ def test_a_compiled_length_mix_compiles_nothing_after_the_shape_warm_up():
     data = SyntheticDataset("mix", 256, 512, 500, median=90, sigma=0.7)
     counts, shapes = [], set()
     sampler = BatchSampler(data.lengths, cfg.data, seed=0)
-    assert hot.warm_up(hot.warmup_batches(data, sampler, data.blocks(cfg), epochs=1)) >= 3
+    assert hot.warm_up(hot.warmup_batches(data, sampler, dataset_blocks(data, cfg), epochs=1)) >= 3
     assert graphs_compiled() > 0 and all(p.grad is None for p in drafter.parameters())
     with Prefetcher(data, sampler, depth=2, pin_memory=False, prepare=hot.prepare) as prefetcher:
         before = graphs_compiled()
