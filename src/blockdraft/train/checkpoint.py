@@ -150,11 +150,9 @@ def verify_checkpoint(path: Path) -> None:
 
 
 class Checkpointer:
-    """`save` stages the state and writes it in the background (one save in flight); `poll` hands a
-    finished save's record to the training thread (only that thread writes the log); `newest` finds
-    what a resume reads. Under a process group (`group`: a gloo group of its own, so its collectives
-    never interleave with the training's) every rank saves at the same step and writes its shards;
-    once the coordinator's DCP write returns, rank 0 adds the trainer files, seals and commits."""
+    """Saves in the background, one in flight, and finds what a resume reads. Under a process group
+    (`group`: a gloo group of its own, so its collectives never interleave with the training's) every
+    rank saves at the same step and writes its shards; rank 0 then adds the trainer files and commits."""
 
     def __init__(self, root: Path, keep_last: int, rank: int = 0, group: dist.ProcessGroup | None = None) -> None:
         self.root, self.keep_last, self.rank, self.group = root, keep_last, rank, group
