@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from blockdraft.evaluate.sampling import next_tokens
-from blockdraft.evaluate.speculative import Generation, Layout, sync
+from blockdraft.evaluate.speculative import Generation, Layout, sync, trim_to_eos
 from blockdraft.evaluate.static import Graphs
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.target import Target
@@ -146,11 +146,10 @@ class TreeDecoder:
             acceptance.append(len(emitted))
             start += len(emitted)
             anchor = emitted[-1]
-            if eos_id is not None and eos_id in emitted:
-                out = out[: len(out) - len(emitted) + emitted.index(eos_id) + 1]
+            if eos_id in emitted:
                 break
         sync(device)
-        return Generation(out[:max_new_tokens], acceptance, time.perf_counter() - t0)
+        return Generation(trim_to_eos(out, max_new_tokens, eos_id), acceptance, time.perf_counter() - t0)
 
 
 def tree_decode(

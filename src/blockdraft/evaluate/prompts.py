@@ -12,18 +12,14 @@ from blockdraft.data.tokenize import SampleEncoder
 from blockdraft.errors import UserError
 
 
-def chat_prompt(messages: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The turns before the last assistant turn (a chat without one is used whole)."""
-    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=len(messages))
-    return messages[:last]
-
-
 def prompt_ids(rec: Chat | Text, encoder: SampleEncoder, tokenizer, cfg: EvalConfig) -> list[int]:
     """One record's prompt tokens, or BadRecord (a chat with no turn before its answer, a template
     that refuses it: e.g. a base model without a chat template)."""
     if isinstance(rec, Text):
         return tokenizer(rec.text, add_special_tokens=False)["input_ids"][: cfg.prompt_tokens]
-    turns = chat_prompt(rec.messages)
+    # the turns before the last assistant turn (a chat without one is used whole)
+    last = max((i for i, m in enumerate(rec.messages) if m["role"] == "assistant"), default=len(rec.messages))
+    turns = rec.messages[:last]
     if not turns:
         raise BadRecord("no_prompt_turns")
     return tokenizer(encoder.render(turns, generation_prompt=True), add_special_tokens=False)["input_ids"][

@@ -1,8 +1,6 @@
 """One evaluation sweep: every prompt decoded by each mode (single path, tree budgets) and once by
-the target alone, so tau, acceptance per position, tokens/s and speedup come from the same prompts.
-With batch_size > 1 the greedy single path and its target-only baseline decode that many prompts at
-once, so the speedup compares like with like; tree and sampled modes stay one prompt at a time.
-On a GPU every decoder replays CUDA graphs of its steps (evaluate/static.py), the baseline too."""
+the target alone, so tau, acceptance per position, tokens/s and speedup come from the same prompts
+(batching and CUDA graphs: docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -36,6 +34,11 @@ class ModeResult:
         return asdict(self)
 
 
+def tokens_per_s(gens: list[Generation]) -> float:
+    seconds = sum(g.seconds for g in gens)
+    return sum(len(g.tokens) for g in gens) / seconds if seconds else 0.0
+
+
 def summarize(
     gens: list[Generation], refs: list[Generation], block: int, budget: int | None, greedy: bool
 ) -> ModeResult:
@@ -45,11 +48,7 @@ def summarize(
             hist[a] += 1
     rounds = sum(hist)
     per_prompt = [g.tau for g in gens if g.acceptance]
-    tokens, seconds = sum(len(g.tokens) for g in gens), sum(g.seconds for g in gens)
-    ref_tokens, ref_seconds = sum(len(r.tokens) for r in refs), sum(r.seconds for r in refs)
-    speedup = None
-    if tokens and seconds and ref_tokens and ref_seconds:
-        speedup = (ref_seconds / ref_tokens) / (seconds / tokens)
+    rate, ref_rate = tokens_per_s(gens), tokens_per_s(refs)
     return ModeResult(
         mode="path" if budget is None else "tree",
         budget=budget,
@@ -57,11 +56,11 @@ def summarize(
         tau_hist=hist,
         per_prompt=per_prompt,
         accept_per_pos=[sum(hist[k + 1 :]) / rounds if rounds else 0.0 for k in range(1, block)],
-        tokens=tokens,
+        tokens=sum(len(g.tokens) for g in gens),
         rounds=rounds,
-        seconds=seconds,
-        tokens_per_s=tokens / seconds if seconds else 0.0,
-        speedup=speedup,
+        seconds=sum(g.seconds for g in gens),
+        tokens_per_s=rate,
+        speedup=rate / ref_rate if rate and ref_rate else None,
         lossless=all(g.tokens == r.tokens for g, r in zip(gens, refs, strict=True)) if greedy else None,
     )
 
@@ -120,5 +119,4 @@ def evaluate(
             gens = sweep("path" if budget is None else f"tree {budget}",
                          lambda c, d=tree: [d.decode(c[0], max_new_tokens, eos_id, temperature, gen)], singles)
         results.append(summarize(gens, refs if budget is None else tree_refs, drafter.block_size, budget, greedy))
-    ref_tokens, ref_seconds = sum(len(r.tokens) for r in refs), sum(r.seconds for r in refs)
-    return results, ref_tokens / ref_seconds if ref_seconds else 0.0
+    return results, tokens_per_s(refs)

@@ -1,8 +1,5 @@
-"""Choosing the target's next token: argmax at temperature 0, a sample from softmax(logits / T) above.
-
-Sampled speculative decoding stays lossless by drawing exactly one token from the target's own
-distribution at each verified prefix and accepting a draft only when it equals that draw.
-"""
+"""Choosing the target's next token: argmax at temperature 0, a sample from softmax(logits / T) above
+(why sampled decoding stays lossless: evaluate/ddtree.py)."""
 
 from __future__ import annotations
 

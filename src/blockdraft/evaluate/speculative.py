@@ -133,7 +133,7 @@ def _done(out: list[int], max_new_tokens: int, eos_id: int | None) -> bool:
     return len(out) >= max_new_tokens or (eos_id is not None and eos_id in out)
 
 
-def _trim(out: list[int], max_new_tokens: int, eos_id: int | None) -> list[int]:
+def trim_to_eos(out: list[int], max_new_tokens: int, eos_id: int | None) -> list[int]:
     if eos_id is not None and eos_id in out:
         out = out[: out.index(eos_id) + 1]
     return out[:max_new_tokens]
@@ -206,7 +206,7 @@ class SpeculativeDecoder:
                 alive, moving = now, torch.tensor(now, device=device)
         sync(device)
         share = (time.perf_counter() - t0) / real
-        return [Generation(_trim(out[r], max_new_tokens, eos_id), acceptance[r], share) for r in range(real)]
+        return [Generation(trim_to_eos(out[r], max_new_tokens, eos_id), acceptance[r], share) for r in range(real)]
 
 
 class TargetDecoder:
@@ -245,7 +245,7 @@ class TargetDecoder:
             pos = pos + 1
         sync(device)
         share = (time.perf_counter() - t0) / real
-        return [Generation(_trim(out[r], max_new_tokens, eos_id), seconds=share) for r in range(real)]
+        return [Generation(trim_to_eos(out[r], max_new_tokens, eos_id), seconds=share) for r in range(real)]
 
 
 def speculative_greedy(

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from blockdraft.model.flops import Dims
 from blockdraft.model.target import text_config
 
 
@@ -55,8 +56,8 @@ class SlotCache(Cache):
 
     def __init__(self, config, n: int, slots: int, dtype: torch.dtype, device: torch.device) -> None:
         cfg = text_config(config)
-        kv, hd = cfg.num_key_value_heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        shape = (cfg.num_hidden_layers, n, kv, slots, hd)
+        dims = Dims.of(cfg)
+        shape = (cfg.num_hidden_layers, n, dims.kv_heads, slots, dims.head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         super().__init__(layers=[_SlotLayer(k, v) for k, v in zip(self.keys, self.values, strict=True)])

@@ -18,15 +18,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import Qwen3Config
-from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 
 @functools.cache
-def compiled_flex_attention():
-    """flex_attention only becomes a fused kernel under torch.compile (eager it materialises scores)."""
+def flex_attention_fn(compiled: bool):
+    """flex_attention only becomes a fused kernel under torch.compile (eager it materialises scores:
+    on CPU, for tests only)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention)
+    return torch.compile(flex_attention) if compiled else flex_attention
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -49,13 +50,12 @@ class DraftAttention(nn.Module):
         self.q_norm = Qwen3RMSNorm(self.hd, eps=cfg.rms_norm_eps)
         self.k_norm = Qwen3RMSNorm(self.hd, eps=cfg.rms_norm_eps)
 
-    def context_kv(
-        self, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """ctx: [n, T, H] fused features -> K, V: [n, nkv, T, hd] (k_norm and RoPE applied)."""
-        n, t, _ = ctx.shape
-        k = self.k_norm(self.k_proj(ctx).view(n, t, self.nkv, self.hd)).transpose(1, 2)
-        v = self.v_proj(ctx).view(n, t, self.nkv, self.hd).transpose(1, 2)
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [n, L, H] fused context features or block tokens -> K, V: [n, nkv, L, hd] (k_norm and
+        RoPE applied)."""
+        n, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(n, t, self.nkv, self.hd)).transpose(1, 2)
+        v = self.v_proj(x).view(n, t, self.nkv, self.hd).transpose(1, 2)
         return apply_rope(k, cos, sin), v
 
     def forward(
@@ -70,30 +70,15 @@ class DraftAttention(nn.Module):
         n, q_len, _ = x.shape
         cos, sin = rope
         q = self.q_norm(self.q_proj(x).view(n, q_len, self.nh, self.hd)).transpose(1, 2)  # [n, nh, Q, hd]
-        k = self.k_norm(self.k_proj(x).view(n, q_len, self.nkv, self.hd)).transpose(1, 2)  # [n, nkv, Q, hd]
-        v = self.v_proj(x).view(n, q_len, self.nkv, self.hd).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q = apply_rope(q, cos, sin)
+        k, v = self.kv(x, cos, sin)  # [n, nkv, Q, hd]
         k = torch.cat([ctx_kv[0], k], dim=2)  # [n, nkv, T+Q, hd]
         v = torch.cat([ctx_kv[1], v], dim=2)
         if mask is None or isinstance(mask, torch.Tensor):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.nh != self.nkv)
         else:
-            from torch.nn.attention.flex_attention import flex_attention
-
-            flex = compiled_flex_attention() if q.is_cuda else flex_attention  # eager on CPU: tests only
-            out = flex(q, k, v, block_mask=mask, enable_gqa=self.nh != self.nkv)
+            out = flex_attention_fn(q.is_cuda)(q, k, v, block_mask=mask, enable_gqa=self.nh != self.nkv)
         return self.o_proj(out.transpose(1, 2).reshape(n, q_len, self.nh * self.hd))
-
-
-class DraftMLP(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DraftLayer(nn.Module):
@@ -102,7 +87,7 @@ class DraftLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.self_attn = DraftAttention(cfg)
         self.post_attention_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.mlp = DraftMLP(cfg)
+        self.mlp = Qwen3MLP(cfg)  # SwiGLU (the config's hidden_act, silu)
 
     def forward(self, x, rope, ctx_kv, mask) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, ctx_kv, mask)
@@ -161,7 +146,7 @@ class DFlashDrafter(nn.Module):
         rope_q = self.rotary_emb(x, block_positions)  # cos, sin: [n, Q, hd]
         rope_ctx = self.rotary_emb(x, ctx_positions)  # cos, sin: [n, T, hd]
         for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.context_kv(ctx, *rope_ctx)  # [n, nkv, T, hd]
+            k, v = layer.self_attn.kv(ctx, *rope_ctx)  # [n, nkv, T, hd]
             if cache is not None:
                 k, v = cache.extend(i, k, v)  # [n, nkv, S, hd]
             if self.checkpoint_layers and torch.is_grad_enabled():

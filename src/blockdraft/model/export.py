@@ -1,10 +1,8 @@
 """The serving format (z-lab / vLLM / SGLang): a folder with config.json + model.safetensors.
 
-config.json is a Qwen3Config with architectures ["DFlashDraftModel"] and an auto_map to the modeling
-file the folder carries (`model/remote_code.py`, for trust_remote_code loading), num_hidden_layers = drafter
-layers (and layer_types of the same length), block_size, num_target_layers and
-dflash_config {mask_token_id, target_layer_ids}. model.safetensors holds unprefixed names
-(fc.weight, hidden_norm.weight, layers.N...., norm.weight): no embeddings, no lm_head.
+config.json is the drafter's Qwen3Config (`drafter_config`) with an auto_map to the modeling file the
+folder carries (`model/remote_code.py`, for trust_remote_code loading). model.safetensors holds
+unprefixed names (fc.weight, hidden_norm.weight, layers.N...., norm.weight): no embeddings, no lm_head.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The speculators format (vLLM project's `speculators` 0.9): what `vllm serve DIR` serves bare.
 
-config.json, as speculators 0.9 writes a DFlash drafter (checked against speculators 0.9.0's
-DFlashSpeculatorConfig and DFlashDraftModel.save_pretrained):
-  speculators_model_type "dflash", speculators_version, architectures ["DFlashDraftModel"],
-  speculators_config {algorithm, proposal_methods [greedy, B-1 tokens], default_proposal_method,
-  verifier {name_or_path, architectures}}, transformer_layer_config (the Qwen3 layer config),
-  draft_vocab_size, block_size, aux_hidden_state_layer_ids, mask_token_id, target_hidden_size,
-  sample_from_anchor false, sliding_window_non_causal true.
+config.json is the one speculators 0.9 writes for a DFlash drafter (`speculators_config`, checked
+against speculators 0.9.0's DFlashSpeculatorConfig and DFlashDraftModel.save_pretrained).
 aux_hidden_state_layer_ids are our target_layer_ids + 1 (speculators counts the embedding output as
 0; vLLM maps them back with -1). sliding_window_non_causal must be true: vLLM turns false into a global
 causal override for every draft layer, and our layers are all bidirectional.

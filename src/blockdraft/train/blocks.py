@@ -23,7 +23,8 @@ they see no context, and no label), so the compiled forward sees few shapes and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -46,13 +47,13 @@ class Packed:
     real_tokens: int  # L
     padded_blocks: int  # V' >= max(V, 1): blocks the forward runs, filler without labels
 
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Packed:
+        """A copy with `fn` applied to every tensor field."""
+        return replace(self, **{k: fn(v) for k, v in vars(self).items() if isinstance(v, torch.Tensor)})
+
     def to(self, device: torch.device) -> Packed:
         """Host -> device without waiting (the host tensors are pinned on CUDA)."""
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name, value in moved.items():
-            if isinstance(value, torch.Tensor):
-                moved[name] = value.to(device, non_blocking=True)
-        return Packed(**moved)
+        return self.apply(lambda x: x.to(device, non_blocking=True))
 
 
 def anchor_cap(answer_tokens: torch.Tensor, num_anchors: int, anchors_per_token: float | None) -> torch.Tensor:
@@ -103,23 +104,19 @@ def pack(
         token_index, ids, pos = (torch.cat([x, x.new_zeros(fill)]) for x in (token_index, ids, pos))
         doc = torch.cat([doc, doc.new_full((fill,), n)])
         mask, candidates = (torch.cat([x, x.new_zeros(fill)]) for x in (mask, candidates))
-    pin = torch.cuda.is_available()
-
-    def host(x: torch.Tensor) -> torch.Tensor:
-        return x.pin_memory() if pin else x
-
-    return Packed(
-        token_index=host(token_index),
-        input_ids=host(ids),
-        loss_mask=host(mask),
-        doc=host(doc),
-        pos=host(pos),
-        candidates=host(candidates),
+    packed = Packed(
+        token_index=token_index,
+        input_ids=ids,
+        loss_mask=mask,
+        doc=doc,
+        pos=pos,
+        candidates=candidates,
         num_blocks=blocks,
-        doc_blocks=host(doc_blocks),
+        doc_blocks=doc_blocks,
         real_tokens=real,
         padded_blocks=padded_blocks,
     )
+    return packed.apply(torch.Tensor.pin_memory) if torch.cuda.is_available() else packed
 
 
 def split_rows(blocks_per_row: list[int], max_blocks: int) -> list[list[int]]:

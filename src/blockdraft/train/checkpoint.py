@@ -1,15 +1,9 @@
 """Atomic checkpoints in one format, torch.distributed.checkpoint (DCP), at every world size: a crash
 at any moment never leaves a checkpoint that a resume could pick.
 
-Layout: RUN/checkpoints/step-000200/
-  .metadata             DCP's index: each tensor's global shape, dtype, shards and place in the state
-                        dict {"model": drafter, "optim": AdamW state keyed by parameter name}
-  __R_0.distcp          the fp32 weights and AdamW state that rank R held (one file per saving rank)
-  drafter_config.json   the drafter's Qwen3Config (enough to export without the target)
-  trainer.pt            the trainer's stateful parts by name (train state, data position and skip
-                        list, RNG, guard windows, time-budget plan): plain Python + tensors
-  trainer.json          step, schedule and skip list, human-readable, plus the resolved config
-  COMMITTED             written last: its presence is the only proof a checkpoint is complete
+The files of RUN/checkpoints/step-000200/ are listed in docs/training.md ("Checkpoints"). DCP's state
+dict is {"model": drafter, "optim": AdamW state keyed by parameter name}; trainer.pt holds the
+trainer's stateful parts by name; COMMITTED, written last, is the only proof a checkpoint is complete.
 
 Order: every rank writes its DCP file into `.tmp-step-000200/` (on a file system every rank sees);
 rank 0 adds the other files, fsyncs each file and the folder, renames the folder into place (a
@@ -17,17 +11,13 @@ committed one of the same step is set aside as `.replaced-step-000200/` until th
 until the new one commits), fsyncs the parent, writes COMMITTED (fsync), points `latest` at it (a
 symlink swapped atomically) and prunes beyond keep_last. Resume trusts only COMMITTED folders.
 
-Asynchronous saves (`Checkpointer`, the trainer's one entry point): between two steps each rank stages
-a snapshot with DCP's own stager (`FileSystemWriter.stage`, what `dcp.async_save` runs before it
-returns: a copy into host tensors of its own, since AdamW updates in place; on CUDA, pinned buffers
-kept between saves and reserved off the loop after the first update), then `dcp.save` writes it in a
-daemon thread of ours while training goes on (`dcp.async_save`'s executor thread is joined at exit: a
-second Ctrl-C must not wait for a hung write). At most one save is in flight, so the loop is held
-only to wait for the previous save (if still running) and to copy.
+Asynchronous saves (`Checkpointer`): between two steps each rank stages a host copy with DCP's own
+stager (what `dcp.async_save` runs first; AdamW updates in place), then `dcp.save` writes it in a
+daemon thread of ours (`dcp.async_save`'s executor is joined at exit: a second Ctrl-C must not wait
+for a hung write). One save at most is in flight: the loop waits only for the previous one and the copy.
 
 Readers: a resume at any world size reads the slices it needs; export, ckpt-scan and eval rebuild
-full tensors in one process from the metadata (no process group: DCP runs in this process alone).
-A checkpoint of an older blockdraft (drafter.safetensors, no .metadata) is refused in one line.
+full tensors in this process alone (`read_state`).
 """
 
 from __future__ import annotations
@@ -98,20 +88,9 @@ def committed_checkpoints(ckpt_root: Path) -> list[Path]:
 
 
 def host_stager() -> FileSystemWriter:
-    """DCP's file writer, which is also the stager `dcp.async_save` would use: `stage` copies the state
-    into host tensors of its own (on CUDA, pinned buffers kept for the next save), so that a write in
-    the background never sees a later update. Its path is set by each save."""
+    """DCP's file writer, also the stager `dcp.async_save` would use (on CUDA its pinned buffers are
+    kept for the next save). Its path is set by each save."""
     return FileSystemWriter(".", cache_staged_state_dict=torch.cuda.is_available())
-
-
-def _fresh_tmp(ckpt_root: Path, step: int) -> Path:
-    """An empty temp folder for the save of `step` (a leftover of a crash is removed)."""
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    tmp = ckpt_root / f".tmp-{step_dir_name(step)}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    return tmp
 
 
 def _commit(ckpt_root: Path, tmp: Path, step: int, manifest: dict[str, tuple[int, int]], keep_last: int
@@ -171,11 +150,9 @@ def verify_checkpoint(path: Path) -> None:
 
 
 class Checkpointer:
-    """`save` stages the state and writes it in the background (one save in flight); `poll` hands a
-    finished save's record to the training thread (only that thread writes the log); `newest` finds
-    what a resume reads. Under a process group (`group`: a gloo group of its own, so its collectives
-    never interleave with the training's) every rank saves at the same step and writes its shards;
-    once the coordinator's DCP write returns, rank 0 adds the trainer files, seals and commits."""
+    """Saves in the background, one in flight, and finds what a resume reads. Under a process group
+    (`group`: a gloo group of its own, so its collectives never interleave with the training's) every
+    rank saves at the same step and writes its shards; rank 0 then adds the trainer files and commits."""
 
     def __init__(self, root: Path, keep_last: int, rank: int = 0, group: dist.ProcessGroup | None = None) -> None:
         self.root, self.keep_last, self.rank, self.group = root, keep_last, rank, group
@@ -202,7 +179,12 @@ class Checkpointer:
         if self._reserving is not None:  # a save before the buffers are ready waits for them (counted as stall)
             self._reserving.join()
         staged = self._writer.stage(state)  # a copy: AdamW's next update must not reach the write
-        tmp = _fresh_tmp(self.root, step) if self.rank == 0 else self.root / f".tmp-{step_dir_name(step)}"
+        tmp = self.root / f".tmp-{step_dir_name(step)}"
+        if self.rank == 0:  # an empty folder: a leftover of a crash goes
+            self.root.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
         if dist.is_initialized():
             dist.barrier(group=self.group)  # no rank writes before rank 0 has emptied the folder
         finish = partial(self._finish, step, tmp, staged, drafter_config, trainer_state, trainer_info)
@@ -272,8 +254,7 @@ class Checkpointer:
 def _point_latest(ckpt_root: Path, target: Path) -> None:
     link = ckpt_root / "latest"
     tmp_link = ckpt_root / ".latest.tmp"
-    if tmp_link.is_symlink() or tmp_link.exists():
-        tmp_link.unlink()
+    tmp_link.unlink(missing_ok=True)
     tmp_link.symlink_to(target.name)
     os.replace(tmp_link, link)
     _fsync_dir(ckpt_root)

@@ -125,10 +125,9 @@ def rank_major(values: list[int], device: torch.device) -> list[int]:
     if not dist.is_initialized():
         return [int(v) for v in values]
     n, rank = len(values), dist.get_rank()
-    t = torch.zeros(n * dist.get_world_size(), dtype=torch.int64, device=device)
-    t[rank * n : (rank + 1) * n] = torch.tensor([int(v) for v in values], dtype=torch.int64, device=device)
-    dist.all_reduce(t)
-    return t.tolist()
+    placed = [0] * (n * dist.get_world_size())
+    placed[rank * n : (rank + 1) * n] = values
+    return sum_over_ranks(placed, device)
 
 
 def barrier() -> None:

@@ -181,27 +181,15 @@ class EvalHook(Hook):
         t.console.note(f"eval tau {t.last_eval['tau']:.2f} on {t.last_eval['prompts']} prompts", style="cyan")
 
 
-class _Inbox:
-    """A sink that only queues the records the log wrote, for the live doctor to judge after the update."""
-
-    name = "live doctor"
-
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    def write(self, record: dict[str, Any]) -> None:
-        self.records.append(record)
-
-    def close(self) -> None:
-        pass
-
-
 class LiveDoctorHook(Hook):
     """The doctor's detectors on the run's own records (rank 0), off the logging path: each update
     the records written since the last one are judged alone (non-finite values, slow checkpoints, the config
     once); the full analysis over the tail window runs at most every `every` updates and
     `min_interval_s` seconds, which bounds its share of the training thread (bench/live_doctor_cost.py).
-    Each new finding becomes a `warning` record and a console line."""
+    Each new finding becomes a `warning` record and a console line. The hook is a sink of the log that
+    only queues records, to judge them after the update."""
+
+    name = "live doctor"
 
     def __init__(self, trainer: Trainer, every: int = 50, min_interval_s: float = 30.0,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -210,13 +198,19 @@ class LiveDoctorHook(Hook):
         self.doctor = LiveDoctor(every=10**9)  # analyses when this hook says
         self._seen = self._last_step = 0
         self._last_time = clock()
+        self._records: list[dict[str, Any]] = []
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._records.append(record)
+
+    def close(self) -> None:
+        pass
 
     def on_start(self) -> None:
-        self.inbox = _Inbox()
-        self.trainer.log.add_sink(self.inbox)
+        self.trainer.log.add_sink(self)
 
     def on_step_end(self, end: StepEnd) -> None:
-        records, self.inbox.records = self.inbox.records, []
+        records, self._records = self._records, []
         found = [f for rec in records for f in self.doctor.ingest(rec)]
         self._seen += 1
         now = self.clock()

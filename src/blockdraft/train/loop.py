@@ -113,8 +113,8 @@ class Trainer:
         self.sampler = BatchSampler(self.dataset.lengths, cfg.data, seed=cfg.train.seed, rank=self.rank,
                                     world_size=self.world, grad_accum=cfg.train.grad_accum,
                                     costs=dataset_costs(self.dataset, hf_cfg, cfg, layer_ids))
-        per_epoch = max(1, self.sampler.batches_per_epoch // cfg.train.grad_accum)
-        self.total_steps = cfg.train.max_steps or max(1, math.ceil(cfg.train.epochs * per_epoch))
+        self.updates_per_epoch = max(1, self.sampler.batches_per_epoch // cfg.train.grad_accum)
+        self.total_steps = cfg.train.max_steps or max(1, math.ceil(cfg.train.epochs * self.updates_per_epoch))
         self.warmup_steps = total_warmup_steps(cfg.optim, self.total_steps)
         self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim, self.device)
         self.prefetcher = Prefetcher(self.dataset, self.sampler, depth=cfg.data.prefetch_depth,
@@ -244,8 +244,7 @@ class Trainer:
         if not self.hot.warms_up:
             return
         t0 = time.time()
-        per_epoch = max(1, self.sampler.batches_per_epoch // self.cfg.train.grad_accum)
-        epochs = math.ceil(self.total_steps / per_epoch)
+        epochs = math.ceil(self.total_steps / self.updates_per_epoch)
         batches = self.hot.warmup_batches(self.dataset, self.sampler, dataset_blocks(self.dataset, self.cfg), epochs)
         passes = self.hot.warm_up(batches)
         if passes:

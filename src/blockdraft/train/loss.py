@@ -152,17 +152,32 @@ def fused_linear_loss(
     return row_loss, RowTerms(ce, kl, pred, used)
 
 
-@dataclass
-class MicroStats:
-    """Sums over one micro-batch; added across micro-batches and ranks, then divided once."""
+class StepSums(NamedTuple):
+    """A step's sums by name, added across micro-batches and ranks, then divided once: one micro-batch's
+    as tensors (`MicroStats`, from `block_loss`), the step's as host floats (`decode` of `stats_vector`,
+    whose positions are these fields in this order), so the trainer and `blockdraft bench` read it alike."""
 
-    weighted_loss: torch.Tensor  # sum w*(ce + kl_weight*kl), before division by D
-    weight_sum: torch.Tensor  # sum of w actually applied (for the reported loss)
-    kl_sum: torch.Tensor
-    correct: torch.Tensor  # [B-1] correct predictions per position
-    counted: torch.Tensor  # [B-1] labels per position
-    streak_sum: torch.Tensor  # sum over blocks of leading-correct counts
-    blocks: torch.Tensor  # blocks with at least one label
+    weighted_loss: torch.Tensor | float  # sum w*(ce + kl_weight*kl), before division by D
+    weight_sum: torch.Tensor | float  # sum of w actually applied (for the reported loss)
+    kl_sum: torch.Tensor | float
+    streak_sum: torch.Tensor | float  # sum over blocks of leading-correct counts
+    blocks: torch.Tensor | float  # blocks with at least one label
+    correct: torch.Tensor | list[float]  # [B-1] correct predictions per position
+    counted: torch.Tensor | list[float]  # [B-1] labels per position
+
+    @classmethod
+    def decode(cls, vector: Sequence[float]) -> StepSums:
+        n = len(cls._fields) - 2
+        k = (len(vector) - n) // 2
+        return cls(*vector[:n], list(vector[n : n + k]), list(vector[n + k :]))
+
+    @property
+    def loss(self) -> float:
+        """The reported (weight-normalised) loss of the step."""
+        return self.weighted_loss / max(self.weight_sum, 1e-12)
+
+
+MicroStats = StepSums  # one micro-batch's sums, as device tensors
 
 
 def block_loss(
@@ -209,34 +224,10 @@ def denominator(label_mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
     return (label_mask.float() * w).sum()
 
 
-class StepSums(NamedTuple):
-    """A step's stats vector by name: its positions are these fields in this order (the last two
-    are [B-1] per-position lists), so the trainer and `blockdraft bench` decode it the same way."""
-
-    weighted_loss: float
-    weight_sum: float
-    kl_sum: float
-    streak_sum: float
-    blocks: float
-    correct: list[float]
-    counted: list[float]
-
-    @classmethod
-    def decode(cls, vector: Sequence[float]) -> StepSums:
-        n = len(cls._fields) - 2
-        k = (len(vector) - n) // 2
-        return cls(*vector[:n], list(vector[n : n + k]), list(vector[n + k :]))
-
-    @property
-    def loss(self) -> float:
-        """The reported (weight-normalised) loss of the step."""
-        return self.weighted_loss / max(self.weight_sum, 1e-12)
-
-
 def stats_vector(total: MicroStats) -> torch.Tensor:
     """A step's sums as one fp32 vector (laid out as `StepSums`): the unit of the cross-rank sum and
     of the host transfer."""
-    scalars = torch.stack([getattr(total, name).detach() for name in StepSums._fields[:-2]])
+    scalars = torch.stack([x.detach() for x in total[:-2]])
     return torch.cat([scalars.float(), total.correct.float(), total.counted.float()])
 
 
@@ -260,6 +251,5 @@ def summarize(vector: list[float], grad_norm: float) -> dict[str, float | list[f
 
 def add_stats(a: MicroStats | None, b: MicroStats) -> MicroStats:
     """a + b field by field, detached (b alone when a is None)."""
-    fields = MicroStats.__dataclass_fields__
-    b = MicroStats(**{f: getattr(b, f).detach() for f in fields})
-    return b if a is None else MicroStats(**{f: getattr(a, f) + getattr(b, f) for f in fields})
+    b = MicroStats(*(x.detach() for x in b))
+    return b if a is None else MicroStats(*(x + y for x, y in zip(a, b, strict=True)))
