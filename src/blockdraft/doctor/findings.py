@@ -14,29 +14,11 @@ from typing import Any
 SEVERITIES = ("info", "warning", "error")
 SEVERITY_RANK = {name: i for i, name in enumerate(SEVERITIES)}
 
-CODES = (
-    "loss_spike",
-    "accuracy_cliff",
-    "nonfinite",
-    "skipped_steps",
-    "checkpoint_stall",
-    "logging_gap",
-    "window_artifact",
-    "homogeneous_batches",
-    "bucket_loss_modes",
-    "warmup_first_step",
-    "lr_schedule_mismatch",
-    "noise_schedule_flat",
-    "optimizer_betas",
-    "loss_decay_gamma",
-    "queue_drain",
-    "data_wait",
-    "throughput_drift",
-    "epoch_accounting",
-    "plateau",
-    "tau_gap",
-    "data_repetition",
-    "late_recompile",
+CODES = (  # never rename one: CI jobs and trackers key on them
+    "loss_spike", "accuracy_cliff", "nonfinite", "skipped_steps", "checkpoint_stall", "logging_gap", "window_artifact",
+    "homogeneous_batches", "bucket_loss_modes", "warmup_first_step", "lr_schedule_mismatch", "noise_schedule_flat",
+    "optimizer_betas", "loss_decay_gamma", "queue_drain", "data_wait", "throughput_drift", "epoch_accounting",
+    "plateau", "tau_gap", "data_repetition", "late_recompile",
 )
 
 
