@@ -23,11 +23,8 @@ class Context:
         self.run = run
         self.t: StepTable = run.steps
         self.n = len(run.steps)
-        self.shared: dict[str, Any] = {}
-
-    @cached_property
-    def step(self) -> np.ndarray:
-        return self.t.steps
+        self.step = run.steps.steps
+        self.shared: dict[Callable, Any] = {}
 
     @cached_property
     def loss_levels(self) -> stats.Levels | None:
@@ -101,6 +98,11 @@ class Context:
         return self._since_previous(self.step)
 
     @cached_property
+    def prev_step(self) -> np.ndarray:
+        """The step of the row before (-inf for the first row)."""
+        return np.concatenate([[-np.inf], self.step[:-1]])
+
+    @cached_property
     def dtime(self) -> np.ndarray:
         return self._since_previous(self.t.get("time")) if self.t.has("time") else np.full(self.n, np.nan)
 
@@ -119,14 +121,10 @@ class Context:
         return bool(len(self.spacings)) and float(np.mean(self.spacings == self.stride)) >= 0.9
 
     @cached_property
-    def zero_based(self) -> bool:
-        """The log counts the first update as step 0 (monitor threads often do), not as step 1."""
-        return bool(self.n) and self.step[0] == 0
-
-    @cached_property
     def update(self) -> np.ndarray:
-        """The 1-based update number of each row, whatever the log starts counting from."""
-        return self.step + 1.0 if self.zero_based else self.step
+        """The 1-based update number of each row, also where the log counts the first update as step 0
+        (monitor threads often do)."""
+        return self.step + 1.0 if self.n and self.step[0] == 0 else self.step
 
     @cached_property
     def starts_at_first_update(self) -> bool:
@@ -233,9 +231,6 @@ class Context:
                 best = (spread, float(np.exp(np.median(ends))))
         return best[1] if best[0] <= 0.05 else math.nan
 
-    def rows_between(self, first_step: float, last_step: float) -> np.ndarray:
-        return np.flatnonzero((self.step >= first_step) & (self.step <= last_step))
-
     @property
     def whole_log(self) -> tuple[int, int]:
         """The first and last step: where a finding about the run as a whole (a setting, the batch order) points."""
@@ -256,12 +251,11 @@ class Context:
 def shared(compute: Callable[[Context], T]) -> Callable[[Context], T]:
     """Compute `compute(ctx)` once per analysis: several detectors read the same events (spikes,
     level drops, gaps, the batch order) and each may be the first to ask."""
-    key = f"{compute.__module__}.{compute.__name__}"
 
     @wraps(compute)
     def once(ctx: Context) -> T:
-        if key not in ctx.shared:
-            ctx.shared[key] = compute(ctx)
-        return ctx.shared[key]
+        if compute not in ctx.shared:
+            ctx.shared[compute] = compute(ctx)
+        return ctx.shared[compute]
 
     return once

@@ -51,13 +51,8 @@ def queue_drain(ctx: Context) -> list[Finding]:
                 "; "
             ),
             evidence={
-                "depth_start": first,
-                "depth_end": last,
-                "capacity": cap,
-                "slope_per_1k_steps": 1000 * slope,
-                "steps_to_empty": steps_left,
-                "hours_to_empty": hours,
-                "spearman": rho,
+                "depth_start": first, "depth_end": last, "capacity": cap, "slope_per_1k_steps": 1000 * slope,
+                "steps_to_empty": steps_left, "hours_to_empty": hours, "spearman": rho,
             },
             advice=(
                 "The loader is slower than the trainer: raise data.num_workers or prefetch_depth, cache the "
@@ -94,7 +89,7 @@ def data_wait(ctx: Context) -> list[Finding]:
     q = ctx.t.get("queue_depth")
     evidence = {"share_of_step_time": total_share, "worst_window_share": worst, "stretches": len(spans)}
     if spans and np.isfinite(q).any():
-        inside = np.concatenate([ctx.rows_between(a, b) for a, b in spans])
+        inside = np.concatenate([np.flatnonzero((ctx.step >= a) & (ctx.step <= b)) for a, b in spans])
         evidence["queue_depth_in_stretches"] = float(np.nanmean(q[inside]))
     return [
         Finding(

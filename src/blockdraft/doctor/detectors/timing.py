@@ -14,13 +14,13 @@ UNEXPLAINED_STALL_S = 30.0
 BIG_STALL_S = 300.0
 COSTLY_STALL_S = 120.0
 CHECKPOINT_STALL_S = 10.0
+ROUND_STEPS = 500
+WARMUP_UPDATES = 20  # a process compiles its graphs in its first updates; later growth is a recompile
 
 
 def stall_threshold(seconds_per_step: float) -> float:
     """How long a checkpoint may hold the loop before it is a stall: 10 s, or 5 typical updates."""
     return max(CHECKPOINT_STALL_S, 5.0 * seconds_per_step) if math.isfinite(seconds_per_step) else CHECKPOINT_STALL_S
-ROUND_STEPS = 500
-WARMUP_UPDATES = 20  # a process compiles its graphs in its first updates; later growth is a recompile
 
 
 @shared
@@ -50,7 +50,7 @@ def checkpoint_stall(ctx: Context) -> list[Finding]:
     sec = ctx.seconds_per_step
     threshold = stall_threshold(sec)
     gaps = _gaps(ctx)
-    prev = np.concatenate([[-np.inf], ctx.step[:-1]])
+    prev = ctx.prev_step
     ck_steps = np.array([float(r["step"]) for r in ckpts])
     row_after = np.searchsorted(ctx.step, ck_steps, side="right")
     stalls, missing, logging_only, spans = [], 0, 0, []
@@ -84,15 +84,10 @@ def checkpoint_stall(ctx: Context) -> list[Finding]:
             steps=(spans[0][0], spans[-1][1]),
             summary="; ".join(parts),
             evidence={
-                "stalls": len(spans),
-                "checkpoints": len(ckpts),
-                "max_stall_s": worst,
-                "median_stall_s": float(np.median(stalls)),
-                "total_stall_s": float(np.sum(stalls)),
+                "stalls": len(spans), "checkpoints": len(ckpts), "max_stall_s": worst,
+                "median_stall_s": float(np.median(stalls)), "total_stall_s": float(np.sum(stalls)),
                 "share_of_run_time": float(np.sum(stalls)) / total_time if total_time > 0 else math.nan,
-                "missing_records": missing,
-                "logging_only": logging_only,
-                "threshold_s": threshold,
+                "missing_records": missing, "logging_only": logging_only, "threshold_s": threshold,
             },
             advice=(
                 "Stage the state between steps and write it in the background (train.save_every can also "
@@ -114,7 +109,7 @@ def logging_gap(ctx: Context) -> list[Finding]:
     if ctx.n < 3:
         return []
     gaps = _gaps(ctx)
-    prev = np.concatenate([[np.nan], ctx.step[:-1]])
+    prev = ctx.prev_step
     explained = _at_gap_start(ctx.marker_steps("checkpoint"), prev, ctx.stride)
     explained |= _at_gap_start(ctx.marker_steps("eval"), prev, ctx.stride)
     explained |= _compiled(ctx) > 0  # late_recompile reports these
@@ -191,13 +186,9 @@ def _gap_finding(
         steps=(spans[0][0], spans[-1][1]),
         summary="; ".join(parts),
         evidence={
-            "gaps": len(rows),
-            "missing_records": missing,
-            "stalls": len(stall_rows),
+            "gaps": len(rows), "missing_records": missing, "stalls": len(stall_rows),
             "max_stall_s": float(gaps["excess"][stall_rows].max()) if len(stall_rows) else 0.0,
-            "logging_only": only_logging,
-            "period_steps": period or math.nan,
-            "longest_gap_s": longest,
+            "logging_only": only_logging, "period_steps": period or math.nan, "longest_gap_s": longest,
         },
         advice=advice,
         weight=float(missing + len(stall_rows) * 10),
@@ -269,8 +260,8 @@ def late_recompile(ctx: Context) -> list[Finding]:
         new_process = np.concatenate([[True], ~(g[1:] >= g[:-1])])  # the first row, and after a fall
     starts = ctx.marker_steps("run_start")  # a resume's first row, even if its count did not fall
     if len(starts):
-        before = np.concatenate([[-np.inf], ctx.step[:-1]])
-        new_process |= np.searchsorted(starts, ctx.step, side="left") > np.searchsorted(starts, before, side="left")
+        before = np.searchsorted(starts, ctx.prev_step, side="left")
+        new_process |= np.searchsorted(starts, ctx.step, side="left") > before
     first = np.maximum.accumulate(np.where(new_process, np.arange(ctx.n), 0))  # each row's process start
     since = np.arange(ctx.n) - first
     # a process that logged a `warmup` record just before its first update compiled its graphs there
@@ -343,13 +334,8 @@ def window_artifact(ctx: Context) -> list[Finding]:
                 f"one shows loss {loss[worst]:.3g} vs level {level:.3g} at step {ctx.step_at(worst)}"
             ),
             evidence={
-                "rows": len(rows),
-                "window_steps": float(window),
-                "usual_window": ctx.stride,
-                "loss": float(loss[worst]),
-                "level": level,
-                "after_gap": len(gap_before),
-                "gap_window_steps": gap_steps,
+                "rows": len(rows), "window_steps": float(window), "usual_window": ctx.stride,
+                "loss": float(loss[worst]), "level": level, "after_gap": len(gap_before), "gap_window_steps": gap_steps,
             },
             advice=(
                 "This is the monitor, not the model: a short window after a stalled logger lets one batch "
