@@ -21,40 +21,32 @@ INTERLEAVED_MAX_R1 = -0.05
 def _batch_order(ctx: Context) -> dict[str, float] | None:
     """Same-bucket run statistics of the micro-batch sequence, shared with bucket_loss_modes."""
     seq = ctx.t.bucket_seq
-    out = None
-    if len(seq) >= 50:
-        limit = ctx.run.setting("data", "max_same_bucket_run")
-        limit = int(limit) if isinstance(limit, int | float) and limit >= 1 else DEFAULT_MAX_RUN
-        # when one bucket holds most batches, the sampler can only bound runs at `run_bound` (its `data`
-        # record says so): runs the counts force are a property of the data, not a batching bug
-        forced = [r.get("run_bound") for r in ctx.run.of_kind("data") if isinstance(r.get("run_bound"), int)]
-        limit = max([limit, *forced])
-        _, lengths, values = stats.runs(seq)
-        over = lengths > limit
-        counts = np.bincount(seq[seq >= 0]) if (seq >= 0).any() else np.zeros(1)
-        shares = counts / max(1, counts.sum())
-        r1 = lag1_autocorr(seq)
-        out = {
-            "limit": limit,
-            "max_run": int(lengths.max()),
-            "runs_over_limit": int(over.sum()),
-            "share_in_long_runs": float(lengths[over].sum() / len(seq)),
-            "top_share": float(shares.max()),
-            "top_bucket": int(np.argmax(shares)),
-            "buckets": int((counts > 0).sum()),
-            "lag1_autocorr": r1,
-            "mean_run": float(lengths.mean()),
-        }
-        out["violated"] = float(
-            out["share_in_long_runs"] >= 0.05 or out["max_run"] >= 3 * limit or (math.isfinite(r1) and r1 >= 0.5)
-        )
-    elif ctx.loss_levels is not None:
-        out = _level_order(ctx, ctx.loss_levels)
-    elif np.isfinite(ctx.t.get("seq_len_max")).sum() >= 100:
+    if len(seq) < 50:
+        if ctx.loss_levels is not None:
+            return _level_order(ctx, ctx.loss_levels)
         lengths = ctx.t.get("seq_len_max")
+        if np.isfinite(lengths).sum() < 100:
+            return None
         r1 = lag1_autocorr(lengths[np.isfinite(lengths)])
-        out = {"lag1_autocorr": r1, "violated": float(math.isfinite(r1) and r1 >= 0.5)}
-    return out
+        return {"lag1_autocorr": r1, "violated": float(math.isfinite(r1) and r1 >= 0.5)}
+    limit = ctx.run.setting("data", "max_same_bucket_run")
+    limit = int(limit) if isinstance(limit, int | float) and limit >= 1 else DEFAULT_MAX_RUN
+    # when one bucket holds most batches, the sampler can only bound runs at `run_bound` (its `data`
+    # record says so): runs the counts force are a property of the data, not a batching bug
+    forced = [r.get("run_bound") for r in ctx.run.of_kind("data") if isinstance(r.get("run_bound"), int)]
+    limit = max([limit, *forced])
+    _, lengths, _ = stats.runs(seq)
+    over = lengths > limit
+    counts = np.bincount(seq[seq >= 0]) if (seq >= 0).any() else np.zeros(1)
+    shares = counts / max(1, counts.sum())
+    r1 = lag1_autocorr(seq)
+    share_long = float(lengths[over].sum() / len(seq))
+    return {
+        "limit": limit, "max_run": int(lengths.max()), "runs_over_limit": int(over.sum()),
+        "share_in_long_runs": share_long, "top_share": float(shares.max()), "top_bucket": int(np.argmax(shares)),
+        "buckets": int((counts > 0).sum()), "lag1_autocorr": r1, "mean_run": float(lengths.mean()),
+        "violated": float(share_long >= 0.05 or lengths.max() >= 3 * limit or (math.isfinite(r1) and r1 >= 0.5)),
+    }
 
 
 def _level_order(ctx: Context, levels: stats.Levels) -> dict[str, float]:
@@ -187,21 +179,17 @@ def _long_run_spans(ctx: Context, info: dict[str, float]) -> list[tuple[int, int
 def _bucket_modes(ctx: Context) -> dict[str, float] | None:
     """Share of the loss's spread explained by the bucket (eta^2 of the detrended log loss)."""
     fit = ctx.loss_fit
-    out = None
-    if fit is not None and len(fit.labels) >= 2:
-        ok = np.isfinite(fit.resid) & (ctx.groups >= 0)
-        if ok.sum() >= 100:
-            total = fit.offset[ok] + fit.resid[ok]
-            var_total = float(np.var(total))
-            var_between = float(np.var(fit.offset[ok]))
-            labels = fit.labels
-            present = [int(j) for j in range(len(labels)) if labels[j] >= 0]
-            offsets = {
-                int(labels[j]): float(fit.offset[fit.groups == j][0]) for j in present if (fit.groups == j).any()
-            }
-            spread = math.exp(max(offsets.values()) - min(offsets.values())) if offsets else 1.0
-            out = {"eta2": var_between / var_total if var_total > 0 else 0.0, "spread": spread, "offsets": offsets}
-    return out
+    if fit is None or len(fit.labels) < 2:
+        return None
+    ok = np.isfinite(fit.resid) & (ctx.groups >= 0)
+    if ok.sum() < 100:
+        return None
+    var_total = float(np.var(fit.offset[ok] + fit.resid[ok]))
+    var_between = float(np.var(fit.offset[ok]))
+    present = [j for j, label in enumerate(fit.labels) if label >= 0 and (fit.groups == j).any()]
+    offsets = {int(fit.labels[j]): float(fit.offset[fit.groups == j][0]) for j in present}
+    spread = math.exp(max(offsets.values()) - min(offsets.values())) if offsets else 1.0
+    return {"eta2": var_between / var_total if var_total > 0 else 0.0, "spread": spread, "offsets": offsets}
 
 
 def bucket_loss_modes(ctx: Context) -> list[Finding]:

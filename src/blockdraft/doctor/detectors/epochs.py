@@ -17,11 +17,12 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
     rows = np.flatnonzero(seg0 & np.isfinite(ctx.step))
     if len(rows) < 50:
         return []
+    if t.has("epoch_pos"):
+        return _fractional_epoch(ctx, rows)
     steps = ctx.step[rows]
     problems: list[str] = []
     evidence: dict[str, float] = {}
-    if t.has("epoch_pos"):
-        return _fractional_epoch(ctx, rows)
+    epochs_cfg = ctx.run.setting("train", "epochs")
     epoch, ep, prog = t.get("epoch")[rows], t.get("epoch_progress")[rows], t.get("progress")[rows]
     implied_spe = math.nan
     if np.isfinite(ep).sum() >= 50:
@@ -29,15 +30,14 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
             problems.append(f"epoch_progress leaves [0, 1] (range {np.nanmin(ep):.3g}..{np.nanmax(ep):.3g})")
         pos = (np.nan_to_num(epoch, nan=0.0) if np.isfinite(epoch).any() else 0.0) + ep
         ok = np.isfinite(pos)
-        if np.isfinite(epoch).any():
-            back = np.diff(epoch[np.isfinite(epoch)]) < 0
-            if back.any():
-                problems.append("the epoch counter goes backwards within one run segment")
+        if np.isfinite(epoch).any() and (np.diff(epoch[np.isfinite(epoch)]) < 0).any():
+            problems.append("the epoch counter goes backwards within one run segment")
         slope = stats.slope(steps[ok], pos[ok])
         if slope > 0:
             implied_spe = 1.0 / slope
             evidence["steps_per_epoch_from_epoch"] = implied_spe
     implied_total = math.nan
+    epoch_is_progress = False
     if np.isfinite(prog).sum() >= 50:
         slope = stats.slope(steps[np.isfinite(prog)], prog[np.isfinite(prog)])
         if slope > 0:
@@ -45,12 +45,9 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
             evidence["total_steps_from_progress"] = implied_total
         if np.isfinite(ep).sum() >= 50:
             both = np.isfinite(ep) & np.isfinite(prog)
-            epochs_cfg = ctx.run.setting("train", "epochs")
-            if (
-                np.nanmax(np.abs(ep[both] - prog[both])) < 1e-6
-                and isinstance(epochs_cfg, int | float)
-                and epochs_cfg > 1
-            ):
+            same = np.nanmax(np.abs(ep[both] - prog[both])) < 1e-6
+            epoch_is_progress = bool(same and isinstance(epochs_cfg, int | float) and epochs_cfg > 1)
+            if epoch_is_progress:
                 problems.append(f"epoch_progress equals progress of the whole run although epochs={epochs_cfg:g}")
     total = ctx.run.run_value("total_steps")
     replanned = ctx.run.schedule_plan is not None  # progress counted against each plan in turn, by design
@@ -71,18 +68,12 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
                 f"epochs advance every {implied_spe:.0f} steps but batches_per_epoch={bpe:g} "
                 f"(grad_accum={accum}, world_size={world})"
             )
-    epochs_cfg = ctx.run.setting("train", "epochs")
-    max_steps = ctx.run.setting("train", "max_steps")
-    if (
-        isinstance(epochs_cfg, int | float)
-        and max_steps is None
-        and not replanned  # a time budget ends the run before its epochs, by design
-        and math.isfinite(implied_spe)
-        and math.isfinite(implied_total)
-    ):
+    # not after a re-plan: a time budget ends the run before its epochs, by design
+    implied = math.isfinite(implied_spe) and math.isfinite(implied_total) and not replanned
+    if isinstance(epochs_cfg, int | float) and ctx.run.setting("train", "max_steps") is None and implied:
         expected_total = implied_spe * epochs_cfg
         evidence["total_steps_from_epochs"] = expected_total
-        if abs(expected_total / implied_total - 1) > 0.1 and not any("progress equals" in p for p in problems):
+        if abs(expected_total / implied_total - 1) > 0.1 and not epoch_is_progress:
             problems.append(
                 f"{epochs_cfg:g} epochs of {implied_spe:.0f} steps make {expected_total:.0f} steps, "
                 f"but progress counts to {implied_total:.0f}"

@@ -114,11 +114,8 @@ def lr_schedule_mismatch(ctx: Context) -> list[Finding]:
     warm = schedule.warmup_steps(ctx.run)
     reach = np.flatnonzero(ok & (lr >= 0.99 * np.nanmax(lr[ok])))
     evidence = {
-        "mismatched_steps": count,
-        "fraction": count / max(1, ok.sum()),
-        "max_relative_error": float(rel[rows].max()),
-        "first_step": ctx.step_at(rows[0]),
-        "configured_warmup_steps": warm if warm is not None else math.nan,
+        "mismatched_steps": count, "fraction": count / max(1, ok.sum()), "max_relative_error": float(rel[rows].max()),
+        "first_step": ctx.step_at(rows[0]), "configured_warmup_steps": warm if warm is not None else math.nan,
         "observed_peak_step": ctx.step_at(reach[0]) if len(reach) else math.nan,
     }
     worst = rows[np.argmax(rel[rows])]
@@ -181,9 +178,7 @@ def _lr_jumps(ctx: Context, lr: np.ndarray) -> list[Finding]:
             steps=(first, ctx.step_at(rows[-1])),
             summary=f"the LR restarts or jumps back up after its peak {len(rows)}x, first at step {first}",
             evidence={
-                "jumps": len(rows),
-                "first_step": first,
-                "lr_before": float(lr[rows[0] - 1]) if rows[0] else math.nan,
+                "jumps": len(rows), "first_step": first, "lr_before": float(lr[rows[0] - 1]) if rows[0] else math.nan,
                 "lr_at": float(lr[rows[0]]),
             },
             advice=(

@@ -206,11 +206,8 @@ def accuracy_cliff(ctx: Context) -> list[Finding]:
         after = float(np.nanmedian(trough_rows)) if np.isfinite(trough_rows).any() else math.nan
         recovery = int(ctx.step[e.last_row] - ctx.step[e.first_row]) if recovered else None
         evidence = {
-            "acc_before": before,
-            "acc_after": after,
-            "depth_ratio": e.ratio,
-            "recovery_steps": recovery if recovery is not None else math.nan,
-            "recovered": int(recovered),
+            "acc_before": before, "acc_after": after, "depth_ratio": e.ratio,
+            "recovery_steps": recovery if recovery is not None else math.nan, "recovered": int(recovered),
         }
         if np.isfinite(loss).any():
             lb = loss[max(0, e.first_row - 60) : e.first_row]
@@ -278,11 +275,8 @@ def plateau(ctx: Context) -> list[Finding]:
                 + (f" while the LR was still {100 * lr_share:.0f}% of peak" if math.isfinite(lr_share) else "")
             ),
             evidence={
-                "plateau_from_step": span[0],
-                "loss_level": math.exp(final),
-                "tail_gain_log": tail_gain,
-                "lr_share_of_peak": lr_share,
-                "fraction_of_run": (ctx.n - since) / ctx.n,
+                "plateau_from_step": span[0], "loss_level": math.exp(final), "tail_gain_log": tail_gain,
+                "lr_share_of_peak": lr_share, "fraction_of_run": (ctx.n - since) / ctx.n,
             },
             advice=(
                 "More steps at this LR buy little: decay the LR (cosine), add or refresh data (regenerate "
