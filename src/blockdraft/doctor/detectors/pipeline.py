@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import numpy as np
 
@@ -18,10 +19,9 @@ def queue_drain(ctx: Context) -> list[Finding]:
         return []
     rows = np.flatnonzero(ok)
     qv = q[rows]
-    nb = 20
-    edges = np.linspace(0, len(qv), nb + 1).astype(int)
-    means = np.array([qv[a:b].mean() for a, b in zip(edges[:-1], edges[1:], strict=True)])
-    centres = np.array([ctx.step[rows[(a + b - 1) // 2]] for a, b in zip(edges[:-1], edges[1:], strict=True)])
+    blocks = list(pairwise(np.linspace(0, len(qv), 21).astype(int)))  # 20 blocks
+    means = np.array([qv[a:b].mean() for a, b in blocks])
+    centres = np.array([ctx.step[rows[(a + b - 1) // 2]] for a, b in blocks])
     cap = ctx.run.setting("data", "prefetch_depth")
     cap = float(cap) if isinstance(cap, int | float) and cap > 0 else float(np.nanmax(qv))
     if cap <= 0:
@@ -37,19 +37,15 @@ def queue_drain(ctx: Context) -> list[Finding]:
     remaining = (float(total) - ctx.step[-1]) if isinstance(total, int | float) else math.inf
     soon = steps_left <= max(remaining, 0.5 * (ctx.step[-1] - ctx.step[0]))
     hours = steps_left * sec / 3600 if math.isfinite(sec) else math.nan
-    when = (
-        f"empty in ~{steps_left:.0f} steps" + (f" (~{hours:.1f} h)" if math.isfinite(hours) else "")
-        if math.isfinite(steps_left)
-        else ""
-    )
+    summary = f"prefetch queue drains steadily from {first:.1f} to {last:.1f} (of {cap:.0f})"
+    if math.isfinite(steps_left):
+        summary += f"; empty in ~{steps_left:.0f} steps" + (f" (~{hours:.1f} h)" if math.isfinite(hours) else "")
     return [
         Finding(
             code="queue_drain",
             severity="warning" if soon else "info",
             steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
-            summary=f"prefetch queue drains steadily from {first:.1f} to {last:.1f} (of {cap:.0f}); {when}".rstrip(
-                "; "
-            ),
+            summary=summary,
             evidence={
                 "depth_start": first, "depth_end": last, "capacity": cap, "slope_per_1k_steps": 1000 * slope,
                 "steps_to_empty": steps_left, "hours_to_empty": hours, "spearman": rho,
@@ -81,9 +77,8 @@ def data_wait(ctx: Context) -> list[Finding]:
     stretches = [(a, b) for a, b in stats.events(hot, max_gap=1) if (b - a + 1) >= max(2, nb // 20)]
     if not stretches and total_share < 0.03:
         return []
-    spans = [
-        (ctx.step_at(rows[a * size]), ctx.step_at(rows[min(len(rows) - 1, (b + 1) * size - 1)])) for a, b in stretches
-    ]
+    last = len(rows) - 1
+    spans = [(ctx.step_at(rows[a * size]), ctx.step_at(rows[min(last, (b + 1) * size - 1)])) for a, b in stretches]
     worst = float(share.max())
     where = f"; above 20% in {len(spans)} stretches, worst {100 * worst:.0f}%" if spans else ""
     q = ctx.t.get("queue_depth")
@@ -95,7 +90,7 @@ def data_wait(ctx: Context) -> list[Finding]:
         Finding(
             code="data_wait",
             severity="warning" if spans or total_share >= 0.1 else "info",
-            steps=spans[0][0:1] + spans[-1][1:2] if spans else (ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
+            steps=(spans[0][0], spans[-1][1]) if spans else (ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
             summary=f"the trainer waits for data {100 * total_share:.1f}% of step time{where}",
             evidence=evidence,
             advice=(
