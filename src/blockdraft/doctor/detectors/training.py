@@ -124,18 +124,12 @@ def loss_spike(ctx: Context) -> list[Finding]:
     if events:
         worst = max(events, key=lambda e: e.ratio)
         base = float(np.exp(fit.trend[worst.peak_row] + fit.offset[worst.peak_row]))
-        evidence.update(
-            {
-                "max_ratio": worst.ratio,
-                "max_loss": float(loss[worst.peak_row]),
-                "baseline_at_max": base,
-                "max_step": ctx.step_at(worst.peak_row),
-                "per_10k_steps": 1e4 * len(events) / max(1, ctx.n),
-                "skipped": int(sum(skipped[e.peak_row] for e in events)),
-                "after_checkpoint": after_ckpt,
-                "in_same_bucket_run": in_run,
-            }
-        )
+        evidence.update({
+            "max_ratio": worst.ratio, "max_loss": float(loss[worst.peak_row]), "baseline_at_max": base,
+            "max_step": ctx.step_at(worst.peak_row), "per_10k_steps": 1e4 * len(events) / max(1, ctx.n),
+            "skipped": int(sum(skipped[e.peak_row] for e in events)), "after_checkpoint": after_ckpt,
+            "in_same_bucket_run": in_run,
+        })
         grad = ctx.t.get("grad_norm")
         if np.isfinite(grad).any():
             med = float(np.nanmedian(grad))
@@ -178,15 +172,14 @@ def _rows_after_checkpoints(ctx: Context, rows: list[int], within: int) -> int:
         return 0
     steps = ctx.step[np.array(rows)]
     pos = np.searchsorted(ckpt, steps, side="right") - 1
-    ok = pos >= 0
-    return int(np.sum(ok & (steps - ckpt[np.maximum(pos, 0)] <= within)))
+    return int(np.sum((pos >= 0) & (steps - ckpt[np.maximum(pos, 0)] <= within)))
 
 
 def _in_long_bucket_run(ctx: Context, rows: list[int]) -> int:
     bucket = ctx.t.bucket
     if not rows or not (bucket >= 0).any():
         return 0
-    starts, lengths, _ = stats.runs(bucket)
+    _, lengths, _ = stats.runs(bucket)
     run_len = np.repeat(lengths, lengths)
     return int(sum(1 for r in rows if bucket[r] >= 0 and run_len[r] >= 4))
 
@@ -200,21 +193,16 @@ def accuracy_cliff(ctx: Context) -> list[Finding]:
     findings = []
     for e in drops:
         recovered = e.peak_row >= 0
-        pre = acc[max(0, e.first_row - 60) : e.first_row]
-        before = float(np.nanmedian(pre)) if np.isfinite(pre).any() else math.nan
-        trough_rows = acc[e.first_row : min(ctx.n, e.first_row + 40)]
-        after = float(np.nanmedian(trough_rows)) if np.isfinite(trough_rows).any() else math.nan
+        pre, trough = slice(max(0, e.first_row - 60), e.first_row), slice(e.first_row, e.first_row + 40)
+        before, after = _median(acc[pre]), _median(acc[trough])
         recovery = int(ctx.step[e.last_row] - ctx.step[e.first_row]) if recovered else None
         evidence = {
             "acc_before": before, "acc_after": after, "depth_ratio": e.ratio,
             "recovery_steps": recovery if recovery is not None else math.nan, "recovered": int(recovered),
         }
-        if np.isfinite(loss).any():
-            lb = loss[max(0, e.first_row - 60) : e.first_row]
-            la = loss[e.first_row : min(ctx.n, e.first_row + 40)]
-            if np.isfinite(lb).any() and np.isfinite(la).any():
-                evidence["loss_before"] = float(np.nanmedian(lb))
-                evidence["loss_after"] = float(np.nanmedian(la))
+        loss_before, loss_after = _median(loss[pre]), _median(loss[trough])
+        if math.isfinite(loss_before) and math.isfinite(loss_after):
+            evidence["loss_before"], evidence["loss_after"] = loss_before, loss_after
         if _rows_after_checkpoints(ctx, [e.first_row], within=30):
             evidence["after_checkpoint"] = 1
         first = ctx.step_at(e.first_row)
@@ -235,6 +223,10 @@ def accuracy_cliff(ctx: Context) -> list[Finding]:
             )
         )
     return findings
+
+
+def _median(x: np.ndarray) -> float:
+    return float(np.nanmedian(x)) if np.isfinite(x).any() else math.nan
 
 
 def plateau(ctx: Context) -> list[Finding]:
