@@ -23,8 +23,7 @@ def tau_gap(ctx: Context) -> list[Finding]:
             continue
         train = rec.get("tau_est_train")
         if not isinstance(train, int | float):
-            rows = np.flatnonzero((ctx.step <= step) & (ctx.step > step - 100))
-            vals = ctx.t.get("tau_est")[rows] if len(rows) else np.zeros(0)
+            vals = ctx.t.get("tau_est")[(ctx.step <= step) & (ctx.step > step - 100)]
             vals = vals[np.isfinite(vals)]
             if not len(vals):
                 continue
@@ -32,8 +31,7 @@ def tau_gap(ctx: Context) -> list[Finding]:
         pairs.append((int(step), float(tau), float(train)))
     if not pairs:
         return []
-    ratios = np.array([train / tau for _, tau, train in pairs])
-    ratio = float(np.median(ratios))
+    ratio = float(np.median([train / tau for _, tau, train in pairs]))
     if ratio < INFO_RATIO:
         return []
     last_step, last_tau, last_train = pairs[-1]

@@ -14,14 +14,11 @@ from blockdraft.doctor.run import NAN_WATCH
 
 def nonfinite(ctx: Context) -> list[Finding]:
     t = ctx.t
-    fields = [name for name in NAN_WATCH if name in t.cols]
+    flagged = {name: t.nonfinite(name) for name in NAN_WATCH if name in t.cols}
+    per_field = {name: int(rows.sum()) for name, rows in flagged.items() if rows.any()}
     bad = np.zeros(ctx.n, dtype=bool)
-    per_field = {}
-    for name in fields:
-        rows = t.nonfinite(name)
-        if rows.any():
-            per_field[name] = int(rows.sum())
-            bad |= rows
+    for rows in flagged.values():
+        bad |= rows
     if not bad.any():
         return []
     rows = np.flatnonzero(bad)
@@ -75,13 +72,11 @@ def skipped_steps(ctx: Context) -> list[Finding]:
         return []
     count = max(len(rows), len(skip_records))
     reasons = Counter(t.skip_reasons.get(int(r), "unknown") for r in rows)
-    for rec in skip_records:
-        if not len(rows):
-            reasons[str(rec.get("reason") or "unknown")] += 1
+    if not len(rows):
+        reasons.update(str(rec.get("reason") or "unknown") for rec in skip_records)
     spans = [(ctx.step_at(a), ctx.step_at(b)) for a, b in stats.events(skipped, max_gap=5)]
     if not spans:
-        steps_list = [int(r.get("step", 0)) for r in skip_records + rollbacks]
-        spans = [(s, s) for s in steps_list]
+        spans = [(s, s) for s in (int(r.get("step", 0)) for r in skip_records + rollbacks)]
     frac = count / max(1, ctx.n)
     longest = max((b - a + 1 for a, b in spans), default=0)
     severity = "warning" if (count >= 4 or frac >= 1e-3 or rollbacks) else "info"
