@@ -124,15 +124,16 @@ def logging_gap(ctx: Context) -> list[Finding]:
     findings = []
     rest = np.setdiff1d(rows, scheduled)
     if len(rest):
-        findings.append(_gap_finding(ctx, rest, gaps, prev, _gap_severity(ctx, rest, gaps), None))
+        findings.append(_gap_finding(ctx, rest, _gap_severity(ctx, rest), None))
     if len(scheduled):
-        findings.append(_gap_finding(ctx, scheduled, gaps, prev, "info", period))
+        findings.append(_gap_finding(ctx, scheduled, "info", period))
     return findings
 
 
-def _gap_severity(ctx: Context, rows: np.ndarray, gaps: dict[str, np.ndarray]) -> str:
+def _gap_severity(ctx: Context, rows: np.ndarray) -> str:
     """Lost records always warn; pure stalls warn when long (5 min, 100 steps' time), frequent, or costly
     (5% of the run's wall time and at least two minutes)."""
+    gaps = _gaps(ctx)
     if (gaps["missing"][rows] > 0).any():
         return "warning"
     excess = gaps["excess"][rows]
@@ -148,9 +149,8 @@ def _stall_threshold(ctx: Context) -> float:
     return max(UNEXPLAINED_STALL_S, 10.0 * sec) if math.isfinite(sec) else math.inf
 
 
-def _gap_finding(
-    ctx: Context, rows: np.ndarray, gaps: dict[str, np.ndarray], prev: np.ndarray, severity: str, period: int | None
-) -> Finding:
+def _gap_finding(ctx: Context, rows: np.ndarray, severity: str, period: int | None) -> Finding:
+    gaps, prev = _gaps(ctx), ctx.prev_step
     lost = gaps["missing"][rows] > 0
     missing = int(gaps["missing"][rows].sum())
     stall_rows = rows[gaps["excess"][rows] >= _stall_threshold(ctx)]
@@ -291,7 +291,7 @@ def late_recompile(ctx: Context) -> list[Finding]:
                     "1), and look for what else changes late (noise switched off, a pass with no blocks, a "
                     "longer sequence than any before)."),
             weight=lost + len(rows),
-            spans=[(ctx.step_at(r - 1) if r else ctx.step_at(r), ctx.step_at(r)) for r in rows],
+            spans=[(ctx.step_at(r - 1), ctx.step_at(r)) for r in rows],
         )
     ]
 
@@ -318,12 +318,10 @@ def window_artifact(ctx: Context) -> list[Finding]:
     gap_steps = float(ctx.dstep[earlier_gaps[-1]]) if len(earlier_gaps) else math.nan
     spans = [(ctx.step_at(r - 1), ctx.step_at(r)) for r in rows]
     level = math.exp(fit.trend[worst] + fit.offset[worst])
-    where = (
-        f"right after a logging gap ({plural(len(gap_before), 'record')}; the gap's own record averaged "
-        f"{gap_steps:.0f} steps)"
-        if gap_before
-        else f"(usual window {ctx.stride:.0f})"
-    )
+    where = f"(usual window {ctx.stride:.0f})"
+    if gap_before:
+        records = plural(len(gap_before), "record")
+        where = f"right after a logging gap ({records}; the gap's own record averaged {gap_steps:.0f} steps)"
     return [
         Finding(
             code="window_artifact",
