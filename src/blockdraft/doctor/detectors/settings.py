@@ -25,10 +25,8 @@ def _lag_one(ctx: Context, rows: np.ndarray) -> bool:
     """True when the logged LR equals the schedule of the previous update (warmup one step late)."""
     lr = ctx.t.get("lr")[rows[1:]]
     prev = schedule.expected_lr(ctx.run, ctx.update[rows[1:]] - 1)
-    if prev is None:
-        return False
     ok = np.isfinite(lr)
-    if ok.sum() < 2:
+    if prev is None or ok.sum() < 2:
         return False
     rel = np.abs(lr[ok] - prev[ok]) / np.maximum(np.abs(prev[ok]), 1e-12)
     return bool(np.mean(rel <= 0.01) >= 0.99)
@@ -161,15 +159,15 @@ def _lr_jumps(ctx: Context, lr: np.ndarray) -> list[Finding]:
     peak_at = int(np.argmax(v >= 0.9 * v.max()))
     after = np.arange(len(v)) > peak_at
     same_seg = np.concatenate([[False], ctx.t.segment[idx[1:]] == ctx.t.segment[idx[:-1]]])
-    up = np.zeros(len(v), dtype=bool)
-    up[1:] = (v[1:] > 1.5 * v[:-1]) & after[1:] & same_seg[1:]
-    down = np.zeros(len(v), dtype=bool)
-    down[1:] = (v[1:] < 0.3 * v[:-1]) & after[1:] & same_seg[1:]
+    up, down = np.zeros(len(v), dtype=bool), np.zeros(len(v), dtype=bool)
+    move = after[1:] & same_seg[1:]  # a change within one segment, after the peak
+    up[1:] = (v[1:] > 1.5 * v[:-1]) & move
+    down[1:] = (v[1:] < 0.3 * v[:-1]) & move
     restart = np.array([bool(d) and (v[i + 1 : i + 2000] > 0.8 * v[i - 1]).any() for i, d in enumerate(down)])
     rows = idx[np.flatnonzero(up | restart)]
-    rows = rows[np.concatenate([[True], np.diff(rows) > 50])] if len(rows) else rows
     if not len(rows):
         return []
+    rows = rows[np.concatenate([[True], np.diff(rows) > 50])]
     first = ctx.step_at(rows[0])
     return [
         Finding(
