@@ -132,10 +132,8 @@ def _read_csv(path: Path, mapping: dict[str, str]) -> LoggedRun:
     if not reader.fieldnames or len(reader.fieldnames) < 2:
         raise UserError(f"{path}: not a CSV with a header row; blockdraft doctor reads {FORMATS}")
     names = {col: col.rsplit(" - ", 1)[-1] for col in reader.fieldnames if not col.endswith(("__MIN", "__MAX"))}
-    records = []
-    for row in reader:
-        rec = {name: _cell(row.get(col)) for col, name in names.items()}
-        records.append({k: v for k, v in rec.items() if v is not None})
+    cells = ({name: _cell(row.get(col)) for col, name in names.items()} for row in reader)
+    records = [{k: v for k, v in rec.items() if v is not None} for rec in cells]
     return run_from_records(records, mapping, source=str(path), log_format="wandb-csv")
 
 

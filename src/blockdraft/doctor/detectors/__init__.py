@@ -12,28 +12,15 @@ from blockdraft.doctor.run import LoggedRun
 Detector = Callable[[Context], list[Finding]]
 
 DETECTORS: tuple[Detector, ...] = (
-    skips.nonfinite,
-    skips.skipped_steps,
-    training.loss_spike,
-    training.accuracy_cliff,
-    training.plateau,
-    timing.checkpoint_stall,
-    timing.logging_gap,
-    timing.window_artifact,
-    timing.late_recompile,
-    pipeline.queue_drain,
-    pipeline.data_wait,
-    pipeline.throughput_drift,
-    batches.homogeneous_batches,
-    batches.bucket_loss_modes,
+    skips.nonfinite, skips.skipped_steps,
+    training.loss_spike, training.accuracy_cliff, training.plateau,
+    timing.checkpoint_stall, timing.logging_gap, timing.window_artifact, timing.late_recompile,
+    pipeline.queue_drain, pipeline.data_wait, pipeline.throughput_drift,
+    batches.homogeneous_batches, batches.bucket_loss_modes,
     epochs.epoch_accounting,
-    settings.warmup_first_step,
-    settings.lr_schedule_mismatch,
-    settings.noise_schedule_flat,
-    settings.optimizer_betas,
-    settings.loss_decay_gamma,
-    evals.tau_gap,
-    evals.data_repetition,
+    settings.warmup_first_step, settings.lr_schedule_mismatch, settings.noise_schedule_flat,
+    settings.optimizer_betas, settings.loss_decay_gamma,
+    evals.tau_gap, evals.data_repetition,
 )
 
 
