@@ -58,9 +58,7 @@ class Context:
         levels = self.loss_levels
         bucket = levels.labels.copy() if levels is not None else self.t.bucket.copy()
         labels, counts = np.unique(bucket, return_counts=True)
-        rare = labels[counts < 30]
-        if len(rare):
-            bucket[np.isin(bucket, rare)] = -1
+        bucket[np.isin(bucket, labels[counts < 30])] = -1
         return bucket
 
     def _log_fit(self, name: str, floor: float, groups: np.ndarray | None = None) -> stats.BucketFit | None:
@@ -180,11 +178,10 @@ class Context:
     @cached_property
     def seconds_per_step(self) -> float:
         """Typical wall seconds per update (from step_time, else from time stamps)."""
-        if self.t.has("step_time"):
-            st = self.t.get("step_time")
-            st = st[np.isfinite(st) & (st > 0)]
-            if len(st):
-                return float(np.median(st))
+        st = self.t.get("step_time")
+        st = st[np.isfinite(st) & (st > 0)]
+        if len(st):
+            return float(np.median(st))
         ok = np.isfinite(self.dtime) & (self.dstep > 0)
         if ok.any():
             return float(np.median(self.dtime[ok] / self.dstep[ok]))

@@ -2,7 +2,7 @@
 
 The JSON keys (`code`, `severity`, `steps`, `summary`, `evidence`, `advice`) are a contract: CI jobs
 and the live trainer read them. `weight` only orders findings of one severity (bigger first);
-`spans` lists the individual events (step ranges) for the report's shading.
+`spans` lists the individual events (step ranges) for the report's shading; empty means `steps`.
 """
 
 from __future__ import annotations

@@ -114,9 +114,7 @@ class LiveDoctor:
         step = int(record.get("step", 0))
         skipped = bool(record.get("skipped"))
         finding = Finding(
-            code="nonfinite",
-            severity="warning" if skipped else "error",
-            steps=(step, step),
+            code="nonfinite", severity="warning" if skipped else "error", steps=(step, step),
             summary=f"non-finite {', '.join(bad)} at step {step}" + (" (skipped by the guard)" if skipped else ""),
             evidence={"step": step, "skipped": int(skipped)},
             advice="Resume from the last good checkpoint if the update was applied; find the batch that caused it.",
@@ -131,9 +129,7 @@ class LiveDoctor:
             return []
         step = int(record.get("step", 0))
         finding = Finding(
-            code="checkpoint_stall",
-            severity="warning",
-            steps=(step, step),
+            code="checkpoint_stall", severity="warning", steps=(step, step),
             summary=f"checkpoint at step {step} held the training loop for {stall:.0f} s",
             evidence={"stall_s": float(stall), "typical_step_s": typical},
             advice="Stage the state between steps and write it in the background.",

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from blockdraft.doctor.context import Context
 from blockdraft.doctor.detectors import batches, epochs, evals, pipeline, settings, skips, timing, training
 from blockdraft.doctor.findings import Finding, rank
 from blockdraft.doctor.run import LoggedRun
 
-Detector = Callable[[Context], list[Finding]]
+Detector = Callable[[Context], Iterable[Finding]]  # each yields its findings, most do one at most
 
 DETECTORS: tuple[Detector, ...] = (
     skips.nonfinite, skips.skipped_steps,
@@ -27,7 +27,4 @@ DETECTORS: tuple[Detector, ...] = (
 def diagnose(run: LoggedRun, detectors: tuple[Detector, ...] = DETECTORS) -> list[Finding]:
     """Every finding for this run, most severe first."""
     ctx = Context(run)
-    findings: list[Finding] = []
-    for detect in detectors:
-        findings.extend(detect(ctx))
-    return rank(findings)
+    return rank([finding for detect in detectors for finding in detect(ctx)])

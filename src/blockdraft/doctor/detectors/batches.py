@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -88,9 +89,7 @@ def _homogeneous_updates(ctx: Context) -> Finding | None:
     if share < 0.5:
         return None
     return Finding(
-        code="homogeneous_batches",
-        severity="warning",
-        steps=(ctx.step_at(int(multi[0])), ctx.step_at(int(multi[-1]))),
+        code="homogeneous_batches", severity="warning", steps=(ctx.step_at(int(multi[0])), ctx.step_at(int(multi[-1]))),
         summary=(f"{100 * share:.0f}% of the {len(multi)} updates of several micro-batches hold a single length "
                  "bucket: each update's gradient and loss are one bucket's"),
         evidence={"updates_multi_microbatch": float(len(multi)), "share_single_bucket": share},
@@ -100,13 +99,17 @@ def _homogeneous_updates(ctx: Context) -> Finding | None:
     )
 
 
-def homogeneous_batches(ctx: Context) -> list[Finding]:
+def homogeneous_batches(ctx: Context) -> Iterator[Finding]:
     updates = _homogeneous_updates(ctx)
     info = _batch_order(ctx)
-    if not info or not info["violated"]:
-        return [updates] if updates else []
-    if info.get("from_loss_levels"):
-        return [_homogeneous_from_levels(ctx, info)]
+    if info and info["violated"]:
+        yield _homogeneous_from_levels(ctx, info) if info.get("from_loss_levels") else _long_runs(ctx, info, updates)
+    elif updates:
+        yield updates
+
+
+def _long_runs(ctx: Context, info: dict, updates: Finding | None) -> Finding:
+    """The finding when the logged bucket ids (or batch lengths) come in runs."""
     parts = []
     if "max_run" in info:
         parts.append(
@@ -120,31 +123,25 @@ def homogeneous_batches(ctx: Context) -> list[Finding]:
         parts.append(updates.summary)
     modes = _bucket_modes(ctx)
     strong = modes is not None and modes["eta2"] >= 0.2 and info.get("max_run", 0) >= 8
-    return [
-        Finding(
-            code="homogeneous_batches",
-            severity="error" if strong else "warning",
-            steps=ctx.whole_log,
-            summary="batches come in long runs of one length bucket: " + "; ".join(parts),
-            evidence={**{k: v for k, v in info.items() if k != "violated"}, **(updates.evidence if updates else {})},
-            advice=(
-                "Interleave buckets proportionally (data.interleave=true, data.max_same_bucket_run=3) so every "
-                "bucket drains at the same pace; consecutive long batches whip the gradient around."
-            ),
-            weight=info.get("share_in_long_runs", 0.0)
-            + max(0.0, info["lag1_autocorr"] if math.isfinite(info["lag1_autocorr"]) else 0.0),
-            spans=_long_run_spans(ctx, info),
-        )
-    ]
+    return Finding(
+        code="homogeneous_batches", severity="error" if strong else "warning", steps=ctx.whole_log,
+        summary="batches come in long runs of one length bucket: " + "; ".join(parts),
+        evidence={**{k: v for k, v in info.items() if k != "violated"}, **(updates.evidence if updates else {})},
+        advice=(
+            "Interleave buckets proportionally (data.interleave=true, data.max_same_bucket_run=3) so every "
+            "bucket drains at the same pace; consecutive long batches whip the gradient around."
+        ),
+        weight=info.get("share_in_long_runs", 0.0)
+        + max(0.0, info["lag1_autocorr"] if math.isfinite(info["lag1_autocorr"]) else 0.0),
+        spans=_long_run_spans(ctx, info),
+    )
 
 
 def _homogeneous_from_levels(ctx: Context, info: dict) -> Finding:
     pairs = zip(info["level_ratios"], info["level_shares"], strict=True)
     ratios = ", ".join(f"x{r:.2f} ({100 * sh:.0f}%)" for r, sh in pairs)
     return Finding(
-        code="homogeneous_batches",
-        severity="warning",
-        steps=ctx.whole_log,
+        code="homogeneous_batches", severity="warning", steps=ctx.whole_log,
         summary=(
             f"likely: the log names no buckets, but its loss has {info['levels']} distinct levels "
             f"({ratios} of records) that follow each other at random (lag-1 autocorrelation "
@@ -192,10 +189,10 @@ def _bucket_modes(ctx: Context) -> dict[str, float] | None:
     return {"eta2": var_between / var_total if var_total > 0 else 0.0, "spread": spread, "offsets": offsets}
 
 
-def bucket_loss_modes(ctx: Context) -> list[Finding]:
+def bucket_loss_modes(ctx: Context) -> Iterator[Finding]:
     modes = _bucket_modes(ctx)
     if modes is None or modes["eta2"] < 0.25 or modes["spread"] < 1.15:
-        return []
+        return
     order = _batch_order(ctx)
     homogeneous = bool(order and order["violated"])
     inferred = ctx.loss_levels is not None
@@ -224,14 +221,10 @@ def bucket_loss_modes(ctx: Context) -> list[Finding]:
             "of the step-to-step spread, so the bands in the curve are buckets, not instability"
         )
         advice = "Nothing to fix; read the loss per bucket (the report's per-bucket plot) when comparing runs."
-    return [
-        Finding(
-            code="bucket_loss_modes",
-            severity="warning" if homogeneous else "info",
-            steps=ctx.whole_log,
-            summary=summary,
-            evidence=evidence,
-            advice=advice,
-            weight=modes["eta2"],
-        )
-    ]
+    yield Finding(
+        code="bucket_loss_modes", severity="warning" if homogeneous else "info", steps=ctx.whole_log,
+        summary=summary,
+        evidence=evidence,
+        advice=advice,
+        weight=modes["eta2"],
+    )

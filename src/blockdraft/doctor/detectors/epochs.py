@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -11,14 +12,15 @@ from blockdraft.doctor.context import Context
 from blockdraft.doctor.findings import Finding
 
 
-def epoch_accounting(ctx: Context) -> list[Finding]:
+def epoch_accounting(ctx: Context) -> Iterator[Finding]:
     t = ctx.t
     seg0 = t.segment == t.segment[0] if ctx.n else np.zeros(0, dtype=bool)
     rows = np.flatnonzero(seg0 & np.isfinite(ctx.step))
     if len(rows) < 50:
-        return []
+        return
     if t.has("epoch_pos"):
-        return _fractional_epoch(ctx, rows)
+        yield from _fractional_epoch(ctx, rows)
+        return
     steps = ctx.step[rows]
     problems: list[str] = []
     evidence: dict[str, float] = {}
@@ -78,7 +80,7 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
                 f"{epochs_cfg:g} epochs of {implied_spe:.0f} steps make {expected_total:.0f} steps, "
                 f"but progress counts to {implied_total:.0f}"
             )
-    return _finding(
+    yield from _finding(
         ctx, rows, problems, "epoch bookkeeping is inconsistent: " + "; ".join(problems), evidence,
         "Count epochs in optimizer steps of this run (batches / grad_accum / world size) and log "
         "epoch_progress per epoch and progress per run; LR schedules and ETAs built on a wrong count "
@@ -88,24 +90,16 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
 
 def _finding(
     ctx: Context, rows: np.ndarray, problems: list[str], summary: str, evidence: dict[str, float], advice: str
-) -> list[Finding]:
+) -> Iterator[Finding]:
     """The epoch_accounting finding over the checked rows, weighted by its problems; none without any."""
-    if not problems:
-        return []
-    return [
-        Finding(
-            code="epoch_accounting",
-            severity="warning",
-            steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
-            summary=summary,
-            evidence=evidence,
-            advice=advice,
-            weight=float(len(problems)),
+    if problems:
+        yield Finding(
+            code="epoch_accounting", severity="warning", steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
+            summary=summary, evidence=evidence, advice=advice, weight=float(len(problems)),
         )
-    ]
 
 
-def _fractional_epoch(ctx: Context, rows: np.ndarray) -> list[Finding]:
+def _fractional_epoch(ctx: Context, rows: np.ndarray) -> Iterator[Finding]:
     """A foreign log's fractional `epoch`: which fraction it is (of one epoch or of the run), said plainly.
 
     Steps per epoch come from its slope; the run's length from the config (total steps, epochs) or,
@@ -117,7 +111,7 @@ def _fractional_epoch(ctx: Context, rows: np.ndarray) -> list[Finding]:
     ok = np.isfinite(pos)
     slope = stats.slope(updates[ok], pos[ok])
     if not slope > 0:
-        return []
+        return
     per_epoch = 1.0 / slope
     last_row = rows[np.flatnonzero(ok)[-1]]
     last, at = float(ctx.t.get("epoch_pos")[last_row]), ctx.step_at(last_row)
@@ -157,7 +151,7 @@ def _fractional_epoch(ctx: Context, rows: np.ndarray) -> list[Finding]:
                 f"{run_share:.1f}% done, not {100 * last:.0f}%"
             )
             evidence["run_progress_pct"] = run_share
-    return _finding(
+    yield from _finding(
         ctx, rows, problems, "; ".join(problems), evidence,
         "Log the epoch as an integer plus epoch_progress (0..1 of this epoch) and progress (0..1 of the "
         "run), counted in optimizer steps (batches / grad_accum / world size); warmup, LR schedule and ETA "

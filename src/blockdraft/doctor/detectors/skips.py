@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -12,7 +13,7 @@ from blockdraft.doctor.findings import Finding, plural
 from blockdraft.doctor.run import NAN_WATCH
 
 
-def nonfinite(ctx: Context) -> list[Finding]:
+def nonfinite(ctx: Context) -> Iterator[Finding]:
     t = ctx.t
     flagged = {name: t.nonfinite(name) for name in NAN_WATCH if name in t.cols}
     per_field = {name: int(rows.sum()) for name, rows in flagged.items() if rows.any()}
@@ -20,7 +21,7 @@ def nonfinite(ctx: Context) -> list[Finding]:
     for rows in flagged.values():
         bad |= rows
     if not bad.any():
-        return []
+        return
     rows = np.flatnonzero(bad)
     skipped = t.get("skipped")[rows] > 0
     guarded = bool(skipped.all()) and "lr" not in per_field
@@ -41,25 +42,21 @@ def nonfinite(ctx: Context) -> list[Finding]:
             "Weights after the first unguarded step may be corrupt: resume from the last checkpoint "
             "before it (run `blockdraft ckpt-scan`), and enable the finite-value guard."
         )
-    return [
-        Finding(
-            code="nonfinite",
-            severity="warning" if guarded else "error",
-            steps=(first, last),
-            summary=summary,
-            evidence={
-                "rows": len(rows),
-                "unguarded": int((~skipped).sum()),
-                **{f"{k}_rows": v for k, v in per_field.items()},
-            },
-            advice=advice,
-            weight=float(len(rows)),
-            spans=[(ctx.step_at(r), ctx.step_at(r)) for r in rows[:200]],
-        )
-    ]
+    yield Finding(
+        code="nonfinite", severity="warning" if guarded else "error", steps=(first, last),
+        summary=summary,
+        evidence={
+            "rows": len(rows),
+            "unguarded": int((~skipped).sum()),
+            **{f"{k}_rows": v for k, v in per_field.items()},
+        },
+        advice=advice,
+        weight=float(len(rows)),
+        spans=[(ctx.step_at(r), ctx.step_at(r)) for r in rows[:200]],
+    )
 
 
-def skipped_steps(ctx: Context) -> list[Finding]:
+def skipped_steps(ctx: Context) -> Iterator[Finding]:
     t = ctx.t
     skipped = t.get("skipped") > 0
     for name in ("loss", "grad_norm"):
@@ -69,7 +66,7 @@ def skipped_steps(ctx: Context) -> list[Finding]:
     rollbacks = ctx.run.of_kind("rollback")
     skip_records = [r for r in ctx.run.of_kind("skip") if not _nonfinite_reason(r.get("reason"))]
     if not len(rows) and not rollbacks and not skip_records:
-        return []
+        return
     count = max(len(rows), len(skip_records))
     reasons = Counter(t.skip_reasons.get(int(r), "unknown") for r in rows)
     if not len(rows):
@@ -90,21 +87,17 @@ def skipped_steps(ctx: Context) -> list[Finding]:
     if rollbacks:
         targets = ", ".join(str(r.get("to_step")) for r in rollbacks[:5])
         parts.append(f"{plural(len(rollbacks), 'rollback')} to an earlier checkpoint (to step {targets})")
-    return [
-        Finding(
-            code="skipped_steps",
-            severity=severity,
-            steps=(min(a for a, _ in spans), max(b for _, b in spans)),
-            summary="; ".join(parts),
-            evidence={"skipped": count, "fraction": frac, "bursts": len(spans), "rollbacks": len(rollbacks)},
-            advice=(
-                "Skips hide bad batches rather than fix them: inspect the skip records' batch ids and buckets; "
-                "a burst means the model or the LR, not one batch, is the problem."
-            ),
-            weight=float(count),
-            spans=spans,
-        )
-    ]
+    yield Finding(
+        code="skipped_steps", severity=severity, steps=(min(a for a, _ in spans), max(b for _, b in spans)),
+        summary="; ".join(parts),
+        evidence={"skipped": count, "fraction": frac, "bursts": len(spans), "rollbacks": len(rollbacks)},
+        advice=(
+            "Skips hide bad batches rather than fix them: inspect the skip records' batch ids and buckets; "
+            "a burst means the model or the LR, not one batch, is the problem."
+        ),
+        weight=float(count),
+        spans=spans,
+    )
 
 
 def _nonfinite_reason(reason: object) -> bool:

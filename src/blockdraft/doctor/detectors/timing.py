@@ -4,6 +4,7 @@ graphs compiled after warm-up."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -43,10 +44,10 @@ def _at_gap_start(markers: np.ndarray, prev_step: np.ndarray, stride: float) -> 
     return hi > lo
 
 
-def checkpoint_stall(ctx: Context) -> list[Finding]:
+def checkpoint_stall(ctx: Context) -> Iterator[Finding]:
     ckpts = [r for r in ctx.run.of_kind("checkpoint") if isinstance(r.get("step"), int | float)]
     if not ckpts or ctx.n < 2:
-        return []
+        return
     sec = ctx.seconds_per_step
     threshold = stall_threshold(sec)
     gaps = _gaps(ctx)
@@ -68,7 +69,7 @@ def checkpoint_stall(ctx: Context) -> list[Finding]:
                 logging_only += 1
             spans.append((int(s), int(ctx.step[row]) if row < ctx.n else int(s)))
     if not spans:
-        return []
+        return
     total_time = _run_seconds(ctx)
     worst = max(stalls)
     held = [f"worst {worst:.0f} s"] if worst > 0 else []
@@ -77,26 +78,22 @@ def checkpoint_stall(ctx: Context) -> list[Finding]:
     parts = [f"{len(spans)} of {len(ckpts)} checkpoints held things up ({', '.join(held)})"]
     if logging_only:
         parts.append(f"in {logging_only} only logging stopped while training went on")
-    return [
-        Finding(
-            code="checkpoint_stall",
-            severity="warning",
-            steps=(spans[0][0], spans[-1][1]),
-            summary="; ".join(parts),
-            evidence={
-                "stalls": len(spans), "checkpoints": len(ckpts), "max_stall_s": worst,
-                "median_stall_s": float(np.median(stalls)), "total_stall_s": float(np.sum(stalls)),
-                "share_of_run_time": float(np.sum(stalls)) / total_time if total_time > 0 else math.nan,
-                "missing_records": missing, "logging_only": logging_only, "threshold_s": threshold,
-            },
-            advice=(
-                "Stage the state between steps and write it in the background (train.save_every can also "
-                "be raised); never let a save block the logger, or the next metric window will mislead."
-            ),
-            weight=float(np.sum(stalls)) + missing,
-            spans=spans,
-        )
-    ]
+    yield Finding(
+        code="checkpoint_stall", severity="warning", steps=(spans[0][0], spans[-1][1]),
+        summary="; ".join(parts),
+        evidence={
+            "stalls": len(spans), "checkpoints": len(ckpts), "max_stall_s": worst,
+            "median_stall_s": float(np.median(stalls)), "total_stall_s": float(np.sum(stalls)),
+            "share_of_run_time": float(np.sum(stalls)) / total_time if total_time > 0 else math.nan,
+            "missing_records": missing, "logging_only": logging_only, "threshold_s": threshold,
+        },
+        advice=(
+            "Stage the state between steps and write it in the background (train.save_every can also "
+            "be raised); never let a save block the logger, or the next metric window will mislead."
+        ),
+        weight=float(np.sum(stalls)) + missing,
+        spans=spans,
+    )
 
 
 def _run_seconds(ctx: Context) -> float:
@@ -104,10 +101,10 @@ def _run_seconds(ctx: Context) -> float:
     return float(d.sum()) if len(d) else math.nan
 
 
-def logging_gap(ctx: Context) -> list[Finding]:
+def logging_gap(ctx: Context) -> Iterator[Finding]:
     """Lost step records and unexplained stalls; pauses on a fixed step period are scheduled work (info)."""
     if ctx.n < 3:
-        return []
+        return
     gaps = _gaps(ctx)
     prev = ctx.prev_step
     explained = _at_gap_start(ctx.marker_steps("checkpoint"), prev, ctx.stride)
@@ -116,18 +113,14 @@ def logging_gap(ctx: Context) -> list[Finding]:
     lost = gaps["missing"] > 0
     stalled = gaps["excess"] >= _stall_threshold(ctx)
     rows = np.flatnonzero((lost | stalled) & ~explained)
-    if not len(rows):
-        return []
     pure_stall = rows[~lost[rows]]
     periodic, period = _periodic(prev[pure_stall], ctx.stride)
     scheduled = pure_stall[periodic]
-    findings = []
     rest = np.setdiff1d(rows, scheduled)
     if len(rest):
-        findings.append(_gap_finding(ctx, rest, _gap_severity(ctx, rest), None))
+        yield _gap_finding(ctx, rest, _gap_severity(ctx, rest), None)
     if len(scheduled):
-        findings.append(_gap_finding(ctx, scheduled, "info", period))
-    return findings
+        yield _gap_finding(ctx, scheduled, "info", period)
 
 
 def _gap_severity(ctx: Context, rows: np.ndarray) -> str:
@@ -181,9 +174,7 @@ def _gap_finding(ctx: Context, rows: np.ndarray, severity: str, period: int | No
             "let a save block the logger; a windowed monitor's next record after such a gap misleads."
         )
     return Finding(
-        code="logging_gap",
-        severity=severity,
-        steps=(spans[0][0], spans[-1][1]),
+        code="logging_gap", severity=severity, steps=(spans[0][0], spans[-1][1]),
         summary="; ".join(parts),
         evidence={
             "gaps": len(rows), "missing_records": missing, "stalls": len(stall_rows),
@@ -247,14 +238,14 @@ def _compiled(ctx: Context) -> np.ndarray:
         return np.where(np.isfinite(growth) & (growth > 0), growth, 0.0)
 
 
-def late_recompile(ctx: Context) -> list[Finding]:
+def late_recompile(ctx: Context) -> Iterator[Finding]:
     """Graphs compiled after a process's warm-up: each is a stall (seconds to a minute on a GPU), and a
     run whose shapes keep changing never stops paying them. The warm-up is the process's first
     WARMUP_UPDATES updates, or, when it logged a `warmup` record (the trainer's compile of every
     pass shape of its plan before update 1), nothing after its first update."""
     compiled = _compiled(ctx)
     if not compiled.any():
-        return []
+        return
     g = ctx.t.get("graphs_compiled")
     with np.errstate(invalid="ignore"):
         new_process = np.concatenate([[True], ~(g[1:] >= g[:-1])])  # the first row, and after a fall
@@ -268,7 +259,7 @@ def late_recompile(ctx: Context) -> list[Finding]:
     warmed = np.isin(ctx.step[first] - 1, ctx.marker_steps("warmup"))
     rows = np.flatnonzero((compiled > 0) & (since >= np.where(warmed, 1, WARMUP_UPDATES)))
     if not len(rows):
-        return []
+        return
     lost = 0.0
     if ctx.t.has("step_time"):
         st = ctx.t.get("step_time")
@@ -277,32 +268,28 @@ def late_recompile(ctx: Context) -> list[Finding]:
     graphs = int(compiled[rows].sum())
     last = ctx.step_at(rows[-1])
     severity = "warning" if len(rows) >= 3 or lost >= COSTLY_STALL_S / 2 else "info"
-    return [
-        Finding(
-            code="late_recompile",
-            severity=severity,
-            steps=(ctx.step_at(rows[0]), last),
-            summary=(f"{plural(graphs, 'graph')} compiled after warm-up in {plural(len(rows), 'update')}, "
-                     f"the last at step {last}" + (f", about {lost:.0f} s lost" if lost >= 1 else "")),
-            evidence={"graphs": graphs, "updates": len(rows), "last_step": last, "lost_s": lost,
-                      "warmup_updates": WARMUP_UPDATES, "after_logged_warmup": int(warmed[rows].any())},
-            advice=("New shapes keep reaching the compiled forward: keep train.shape_classes on (it pads each pass "
-                    "to a bounded ladder of sizes and the warm-up compiles every class of the plan before update "
-                    "1), and look for what else changes late (noise switched off, a pass with no blocks, a "
-                    "longer sequence than any before)."),
-            weight=lost + len(rows),
-            spans=[(ctx.step_at(r - 1), ctx.step_at(r)) for r in rows],
-        )
-    ]
+    yield Finding(
+        code="late_recompile", severity=severity, steps=(ctx.step_at(rows[0]), last),
+        summary=(f"{plural(graphs, 'graph')} compiled after warm-up in {plural(len(rows), 'update')}, "
+                 f"the last at step {last}" + (f", about {lost:.0f} s lost" if lost >= 1 else "")),
+        evidence={"graphs": graphs, "updates": len(rows), "last_step": last, "lost_s": lost,
+                  "warmup_updates": WARMUP_UPDATES, "after_logged_warmup": int(warmed[rows].any())},
+        advice=("New shapes keep reaching the compiled forward: keep train.shape_classes on (it pads each pass "
+                "to a bounded ladder of sizes and the warm-up compiles every class of the plan before update "
+                "1), and look for what else changes late (noise switched off, a pass with no blocks, a "
+                "longer sequence than any before)."),
+        weight=lost + len(rows),
+        spans=[(ctx.step_at(r - 1), ctx.step_at(r)) for r in rows],
+    )
 
 
-def window_artifact(ctx: Context) -> list[Finding]:
+def window_artifact(ctx: Context) -> Iterator[Finding]:
     """A windowed monitor's record that averaged only a few steps (often right after a stalled
     logger) and so shows one batch's loss as if it were the model's."""
     fit = ctx.loss_fit
     suspect = ctx.unreliable
     if fit is None or not suspect.any():
-        return []
+        return
     loss = ctx.t.get("loss")
     with np.errstate(invalid="ignore", divide="ignore"):
         y = np.log(np.maximum(loss, 1e-6))
@@ -310,7 +297,7 @@ def window_artifact(ctx: Context) -> list[Finding]:
     z = dev / fit.sigma
     rows = np.flatnonzero(suspect & np.isfinite(z) & (np.abs(z) >= 6.0) & (np.abs(dev) >= 0.4))
     if not len(rows):
-        return []
+        return
     worst = rows[np.argmax(np.abs(z[rows]))]
     window = ctx.dstep[worst]
     gap_before = [r for r in rows if ctx.after_gap[r]]
@@ -322,25 +309,21 @@ def window_artifact(ctx: Context) -> list[Finding]:
     if gap_before:
         records = plural(len(gap_before), "record")
         where = f"right after a logging gap ({records}; the gap's own record averaged {gap_steps:.0f} steps)"
-    return [
-        Finding(
-            code="window_artifact",
-            severity="warning",
-            steps=(spans[0][0], spans[-1][1]),
-            summary=(
-                f"{plural(len(rows), 'logged value')} averaged only {window:.0f} steps {where}; "
-                f"one shows loss {loss[worst]:.3g} vs level {level:.3g} at step {ctx.step_at(worst)}"
-            ),
-            evidence={
-                "rows": len(rows), "window_steps": float(window), "usual_window": ctx.stride,
-                "loss": float(loss[worst]), "level": level, "after_gap": len(gap_before), "gap_window_steps": gap_steps,
-            },
-            advice=(
-                "This is the monitor, not the model: a short window after a stalled logger lets one batch "
-                "dominate. Log every step (or weight windows by their step count) and never let a checkpoint "
-                "save block the logger before acting on it."
-            ),
-            weight=float(np.abs(z[worst])),
-            spans=spans,
-        )
-    ]
+    yield Finding(
+        code="window_artifact", severity="warning", steps=(spans[0][0], spans[-1][1]),
+        summary=(
+            f"{plural(len(rows), 'logged value')} averaged only {window:.0f} steps {where}; "
+            f"one shows loss {loss[worst]:.3g} vs level {level:.3g} at step {ctx.step_at(worst)}"
+        ),
+        evidence={
+            "rows": len(rows), "window_steps": float(window), "usual_window": ctx.stride,
+            "loss": float(loss[worst]), "level": level, "after_gap": len(gap_before), "gap_window_steps": gap_steps,
+        },
+        advice=(
+            "This is the monitor, not the model: a short window after a stalled logger lets one batch "
+            "dominate. Log every step (or weight windows by their step count) and never let a checkpoint "
+            "save block the logger before acting on it."
+        ),
+        weight=float(np.abs(z[worst])),
+        spans=spans,
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,14 +105,14 @@ def _onset_row(y: np.ndarray, block_start: int, threshold: float) -> int:
     return block_start
 
 
-def loss_spike(ctx: Context) -> list[Finding]:
+def loss_spike(ctx: Context) -> Iterator[Finding]:
     events = spike_events(ctx)
     drops, metric = level_drops(ctx)
     if metric == "acc":
         events = [e for e in events if not any(d.first_row - 5 <= e.first_row <= d.first_row + 60 for d in drops)]
     sustained = drops if metric == "loss" else []
     if not events and not sustained:
-        return []
+        return
     loss = ctx.t.get("loss")
     fit = ctx.loss_fit
     assert fit is not None
@@ -149,21 +150,18 @@ def loss_spike(ctx: Context) -> list[Finding]:
         parts.append(f"{plural(len(sustained), 'sustained loss jump')} (resets) lasting up to {longest} steps")
     big = any(r >= BIG_SPIKE_RATIO for r in ratios) or len(events) >= 5 or bool(sustained)
     spans = [(ctx.step_at(e.first_row), ctx.step_at(e.last_row)) for e in events + sustained]
-    return [
-        Finding(
-            code="loss_spike",
-            severity="warning" if big else "info",
-            steps=(min(a for a, _ in spans), max(b for _, b in spans)),
-            summary="; ".join(parts),
-            evidence=evidence,
-            advice=(
-                "Look at the spiking batches (bucket, length, content). If spikes follow long runs of one "
-                "bucket, interleave buckets; if they recur, lower the LR or beta2, or let the guard skip them."
-            ),
-            weight=float(max(ratios, default=2.0) * (len(events) + len(sustained))),
-            spans=spans,
-        )
-    ]
+    yield Finding(
+        code="loss_spike", severity="warning" if big else "info",
+        steps=(min(a for a, _ in spans), max(b for _, b in spans)),
+        summary="; ".join(parts),
+        evidence=evidence,
+        advice=(
+            "Look at the spiking batches (bucket, length, content). If spikes follow long runs of one "
+            "bucket, interleave buckets; if they recur, lower the LR or beta2, or let the guard skip them."
+        ),
+        weight=float(max(ratios, default=2.0) * (len(events) + len(sustained))),
+        spans=spans,
+    )
 
 
 def _rows_after_checkpoints(ctx: Context, rows: list[int], within: int) -> int:
@@ -184,13 +182,12 @@ def _in_long_bucket_run(ctx: Context, rows: list[int]) -> int:
     return int(sum(1 for r in rows if bucket[r] >= 0 and run_len[r] >= 4))
 
 
-def accuracy_cliff(ctx: Context) -> list[Finding]:
+def accuracy_cliff(ctx: Context) -> Iterator[Finding]:
     drops, metric = level_drops(ctx)
     if metric != "acc" or not drops:
-        return []
+        return
     acc = ctx.t.get("acc")
     loss = ctx.t.get("loss")
-    findings = []
     for e in drops:
         recovered = e.peak_row >= 0
         pre, trough = slice(max(0, e.first_row - 60), e.first_row), slice(e.first_row, e.first_row + 40)
@@ -207,33 +204,27 @@ def accuracy_cliff(ctx: Context) -> list[Finding]:
             evidence["after_checkpoint"] = 1
         first = ctx.step_at(e.first_row)
         tail = f"recovered after {recovery} steps" if recovered else "not recovered by the end of the log"
-        findings.append(
-            Finding(
-                code="accuracy_cliff",
-                severity="warning" if recovered else "error",
-                steps=(first, ctx.step_at(e.last_row)),
-                summary=f"accuracy fell from {before:.3g} to {after:.3g} at step {first} and {tail}",
-                evidence=evidence,
-                advice=(
-                    "A bad update pushed the weights off: check the batches just before (bucket runs, spikes, "
-                    "grad norm), the LR at that point, and whether a checkpoint or resume happened there."
-                ),
-                weight=(1.0 - e.ratio) * (recovery or ctx.n),
-                spans=[(first, ctx.step_at(e.last_row))],
-            )
+        yield Finding(
+            code="accuracy_cliff", severity="warning" if recovered else "error", steps=(first, ctx.step_at(e.last_row)),
+            summary=f"accuracy fell from {before:.3g} to {after:.3g} at step {first} and {tail}",
+            evidence=evidence,
+            advice=(
+                "A bad update pushed the weights off: check the batches just before (bucket runs, spikes, "
+                "grad norm), the LR at that point, and whether a checkpoint or resume happened there."
+            ),
+            weight=(1.0 - e.ratio) * (recovery or ctx.n),
         )
-    return findings
 
 
 def _median(x: np.ndarray) -> float:
     return float(np.nanmedian(x)) if np.isfinite(x).any() else math.nan
 
 
-def plateau(ctx: Context) -> list[Finding]:
+def plateau(ctx: Context) -> Iterator[Finding]:
     """The loss level stopped improving for the last third of the run while the LR was still high."""
     fit = ctx.loss_fit
     if fit is None or ctx.n < 600:
-        return []
+        return
     level = stats.smooth_trend(fit.trend, max(10, ctx.n // 50))
     w = max(10, ctx.n // 20)
     start = int(0.02 * ctx.n)
@@ -242,39 +233,34 @@ def plateau(ctx: Context) -> list[Finding]:
     meds, centres = stats.block_medians((fit.trend + fit.resid)[tail_from:], max(5, (ctx.n - tail_from) // 20))
     tail_gain = -stats.theil_sen(centres, meds) * (ctx.n - tail_from)
     if not (np.isfinite(learned) and np.isfinite(tail_gain)):
-        return []
+        return
     if tail_gain > 0.015 or learned < 0.1:
-        return []
+        return
     lr = ctx.t.get("lr")
     lr_share = math.nan
     if np.isfinite(lr[tail_from:]).any() and math.isfinite(ctx.lr_peak) and ctx.lr_peak > 0:
         lr_share = float(np.nanmedian(lr[tail_from:])) / ctx.lr_peak
         if lr_share < 0.3:
-            return []
+            return
     final = float(np.nanmedian(level[-w:]))
     flat_rows = np.flatnonzero(level - final > 0.03)
     since = int(flat_rows[-1]) + 1 if len(flat_rows) else 0
     since = min(since, tail_from)
     span = (ctx.step_at(since), ctx.step_at(ctx.n - 1))
-    return [
-        Finding(
-            code="plateau",
-            severity="info",
-            steps=span,
-            summary=(
-                f"loss stopped improving at step {span[0]} (level {math.exp(final):.3g}) for the last "
-                f"{100 * (ctx.n - since) / ctx.n:.0f}% of the log"
-                + (f" while the LR was still {100 * lr_share:.0f}% of peak" if math.isfinite(lr_share) else "")
-            ),
-            evidence={
-                "plateau_from_step": span[0], "loss_level": math.exp(final), "tail_gain_log": tail_gain,
-                "lr_share_of_peak": lr_share, "fraction_of_run": (ctx.n - since) / ctx.n,
-            },
-            advice=(
-                "More steps at this LR buy little: decay the LR (cosine), add or refresh data (regenerate "
-                "on-policy), or stop early and spend the compute elsewhere."
-            ),
-            weight=(ctx.n - since) / ctx.n,
-            spans=[span],
-        )
-    ]
+    yield Finding(
+        code="plateau", severity="info", steps=span,
+        summary=(
+            f"loss stopped improving at step {span[0]} (level {math.exp(final):.3g}) for the last "
+            f"{100 * (ctx.n - since) / ctx.n:.0f}% of the log"
+            + (f" while the LR was still {100 * lr_share:.0f}% of peak" if math.isfinite(lr_share) else "")
+        ),
+        evidence={
+            "plateau_from_step": span[0], "loss_level": math.exp(final), "tail_gain_log": tail_gain,
+            "lr_share_of_peak": lr_share, "fraction_of_run": (ctx.n - since) / ctx.n,
+        },
+        advice=(
+            "More steps at this LR buy little: decay the LR (cosine), add or refresh data (regenerate "
+            "on-policy), or stop early and spend the compute elsewhere."
+        ),
+        weight=(ctx.n - since) / ctx.n,
+    )
