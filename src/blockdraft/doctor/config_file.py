@@ -9,6 +9,7 @@ a section whose name contains "noise" are read as noise settings. What was read 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,14 +84,12 @@ def merge(base: dict[str, Any] | None, extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _leaves(node: Any, prefix: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
-    out: list[tuple[tuple[str, ...], Any]] = []
+def _leaves(node: Any, prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
     if isinstance(node, dict):
         for key, value in node.items():
-            out += _leaves(value, (*prefix, str(key)))
+            yield from _leaves(value, (*prefix, str(key)))
     elif prefix:
-        out.append((prefix, node))
-    return out
+        yield prefix, node
 
 
 def _match(dotted: tuple[str, ...]) -> str | None:

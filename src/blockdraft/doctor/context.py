@@ -198,11 +198,8 @@ class Context:
 
     @cached_property
     def lr_schedule_end(self) -> float:
-        """Where the logged LR decay would reach zero, from its shape after the peak (NaN if unseen).
-
-        Each decaying row gives an end under a cosine and under a linear decay; the shape whose
-        estimates agree (smallest spread) is taken. Rough by nature: a hint, not a measurement.
-        """
+        """Where the logged LR decay would reach zero (NaN if unseen): each decaying row gives an end under
+        a cosine and under a linear decay, and the shape whose ends agree best wins. A hint, not a measurement."""
         lr = self.t.get("lr")
         ok = np.isfinite(lr) & (lr > 0)
         if ok.sum() < 50:

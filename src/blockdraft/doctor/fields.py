@@ -56,10 +56,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
 def resolve(keys: Iterable[str], mapping: dict[str, str]) -> dict[str, str]:
     """Our field -> the log's key, for every field the log has under some name."""
     present = set(keys)
-    out: dict[str, str] = {}
-    for ours, theirs in mapping.items():
-        if theirs in present:
-            out[ours] = theirs
+    out = {ours: theirs for ours, theirs in mapping.items() if theirs in present}
     taken = set(out.values())
     by_base: dict[str, list[str]] = {}
     for key in present:

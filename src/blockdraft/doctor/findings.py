@@ -48,14 +48,8 @@ class Finding:
         return str(self.steps[0]) if self.steps[0] == self.steps[1] else f"{self.steps[0]}{dash}{self.steps[1]}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "code": self.code,
-            "severity": self.severity,
-            "steps": list(self.steps),
-            "summary": self.summary,
-            "evidence": dict(self.evidence),
-            "advice": self.advice,
-        }
+        return {"code": self.code, "severity": self.severity, "steps": list(self.steps), "summary": self.summary,
+                "evidence": dict(self.evidence), "advice": self.advice}
 
 
 def _clean_number(value: Any) -> float | int | None:

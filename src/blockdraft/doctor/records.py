@@ -34,11 +34,8 @@ METRICS = ("loss", "acc", "lr", "grad_norm")
 
 
 def parse_log_bytes(data: bytes, mapping: dict[str, str], source: str = "<memory>") -> LoggedRun:
-    """Parse a whole JSONL log: step lines in bulk through a msgspec struct, other lines as dicts.
-
-    The cyclic garbage collector is paused meanwhile: a million new row objects would trigger it
-    hundreds of times over objects that cannot form cycles.
-    """
+    """Parse a whole JSONL log: step lines in bulk through a msgspec struct, other lines as dicts. The cyclic
+    garbage collector is paused meanwhile: a million new rows would trigger it hundreds of times for nothing."""
     paused = gc.isenabled()
     gc.disable()
     try:
@@ -184,9 +181,7 @@ def decode_record(raw: bytes) -> dict[str, Any] | None:
 
 
 def _number(value: Any) -> float:
-    if isinstance(value, bool):
-        return 1.0 if value else 0.0
-    if isinstance(value, int | float):
+    if isinstance(value, int | float):  # a bool too: 1.0 or 0.0
         return float(value)
     if isinstance(value, str):
         try:

@@ -92,12 +92,9 @@ class BucketFit:
 
 
 def bucket_fit(y: np.ndarray, groups: np.ndarray, size: int, segment: np.ndarray | None = None) -> BucketFit:
-    """Fit log-metric = shared trend + constant offset per bucket, and a rolling MAD scale.
-
-    Loss levels differ by length bucket, so a spike must be judged against its own bucket's level.
-    Offsets come from the jumps at bucket changes (the trend barely moves in one step), so they stay
-    right even when buckets arrive in runs long enough for a smoother to follow them.
-    """
+    """Fit log-metric = shared trend + constant offset per bucket, and a rolling MAD scale: a spike is judged
+    against its own bucket's level. Offsets come from the jumps at bucket changes (the trend barely moves in one
+    step), so they stay right even when buckets arrive in runs long enough for a smoother to follow them."""
     n = len(y)
     labels, inverse = np.unique(groups, return_inverse=True)
     ok = np.isfinite(y)
@@ -246,13 +243,10 @@ class Levels:
 
 
 def mixture_levels(x: np.ndarray, max_k: int = 4, sample: int = 20000, seed: int = 0) -> Levels | None:
-    """A 1-D Gaussian mixture chosen by BIC; None unless it finds >= 2 well separated levels.
-
-    Separated means Ashman's D = sqrt(2) |mu_a - mu_b| / sqrt(sd_a^2 + sd_b^2) >= SEPARATION for
-    adjacent levels (2 is the usual bound for a clearly bimodal pair) and each level holding at least
-    MIN_SHARE of the rows, so a heavy-tailed or skewed single mode (which a mixture also fits better
-    than one Gaussian, with a narrow and a wide component) does not count as several.
-    """
+    """A 1-D Gaussian mixture chosen by BIC; None unless it finds >= 2 well separated levels: adjacent levels at
+    Ashman's D = sqrt(2) |mu_a - mu_b| / sqrt(sd_a^2 + sd_b^2) >= SEPARATION (2 bounds a clearly bimodal pair),
+    each holding MIN_SHARE of the rows, so that a heavy-tailed or skewed single mode (which a mixture also fits
+    better than one Gaussian, with a narrow and a wide component) does not count as several."""
     ok = np.flatnonzero(np.isfinite(x))
     if len(ok) < 100:
         return None

@@ -51,11 +51,9 @@ def _batch_order(ctx: Context) -> dict[str, float] | None:
 
 
 def _level_order(ctx: Context, levels: stats.Levels) -> dict[str, float]:
-    """Whether loss levels alternate like interleaved buckets, for a log without bucket ids.
-
-    With buckets interleaved, a high-loss batch is followed by another bucket's, so the detrended loss
-    is anti-correlated from one record to the next; drawn at random (or in runs) it is not.
-    """
+    """Whether loss levels alternate like interleaved buckets, for a log without bucket ids: interleaved, a
+    high-loss batch is followed by another bucket's, so the detrended loss is anti-correlated from one record
+    to the next; drawn at random (or in runs) it is not."""
     keep = (levels.labels >= 0) & ~ctx.unreliable & ctx.first_fall_done
     seq = levels.labels[keep]
     _, lengths, _ = stats.runs(seq)
@@ -80,7 +78,7 @@ def _homogeneous_updates(ctx: Context) -> Finding | None:
     """Updates of several micro-batches (ranks x accumulation) that each hold one length bucket:
     the interleave holds across updates, yet every update's gradient and loss are one bucket's."""
     t = ctx.t
-    counts = np.bincount(t.bucket_row, minlength=ctx.n) if len(t.bucket_row) else np.zeros(ctx.n, dtype=int)
+    counts = np.bincount(t.bucket_row, minlength=ctx.n)
     multi = np.flatnonzero(counts >= 2)
     if len(multi) < 50 or len(np.unique(t.bucket_seq)) < 2:
         return None
@@ -165,11 +163,8 @@ def _long_run_spans(ctx: Context, info: dict[str, float]) -> list[tuple[int, int
     starts, lengths, _ = stats.runs(ctx.t.bucket_seq)
     big = np.argsort(lengths)[::-1][:50]
     rows = ctx.t.bucket_row
-    return sorted(
-        (ctx.step_at(rows[starts[i]]), ctx.step_at(rows[starts[i] + lengths[i] - 1]))
-        for i in big
-        if lengths[i] > info["limit"]
-    )
+    long = [i for i in big if lengths[i] > info["limit"]]
+    return sorted((ctx.step_at(rows[starts[i]]), ctx.step_at(rows[starts[i] + lengths[i] - 1])) for i in long)
 
 
 @shared
@@ -223,8 +218,6 @@ def bucket_loss_modes(ctx: Context) -> Iterator[Finding]:
         advice = "Nothing to fix; read the loss per bucket (the report's per-bucket plot) when comparing runs."
     yield Finding(
         code="bucket_loss_modes", severity="warning" if homogeneous else "info", steps=ctx.whole_log,
-        summary=summary,
-        evidence=evidence,
-        advice=advice,
+        summary=summary, evidence=evidence, advice=advice,
         weight=modes["eta2"],
     )

@@ -101,11 +101,8 @@ def _finding(
 
 def _fractional_epoch(ctx: Context, rows: np.ndarray) -> Iterator[Finding]:
     """A foreign log's fractional `epoch`: which fraction it is (of one epoch or of the run), said plainly.
-
-    Steps per epoch come from its slope; the run's length from the config (total steps, epochs) or,
-    failing that, from where the logged LR decay ends. A value that stays below 1 while the run has
-    several epochs is the fraction of ONE epoch: read as the run's progress it overstates it.
-    """
+    Steps per epoch come from its slope, the run's length from the config or else from where the logged LR
+    decay ends. A value below 1 while the run has several epochs is the fraction of ONE epoch."""
     pos = ctx.t.get("epoch_pos")[rows]
     updates = ctx.update[rows]
     ok = np.isfinite(pos)

@@ -73,9 +73,7 @@ def warmup_first_step(ctx: Context) -> Iterator[Finding]:
         advice = "Count updates from 1 in the schedule (lr*k/W for k = 1..W)."
     yield Finding(
         code="warmup_first_step", severity="warning", steps=(first, first),
-        summary=summary,
-        evidence=evidence,
-        advice=advice,
+        summary=summary, evidence=evidence, advice=advice,
         weight=lr1 / peak if at_peak else 0.5,
     )
 
@@ -216,8 +214,7 @@ def noise_schedule_flat(ctx: Context) -> Iterator[Finding]:
         )
     yield Finding(
         code="noise_schedule_flat", severity="warning", steps=ctx.whole_log,
-        summary=summary,
-        evidence=evidence,
+        summary=summary, evidence=evidence,
         advice=(
             "Compute the noise std from the update count every step (not once at start-up) and log the "
             "value actually applied."
@@ -251,9 +248,7 @@ def optimizer_betas(ctx: Context) -> Iterator[Finding]:
         return
     yield Finding(
         code="optimizer_betas", severity=severity, steps=ctx.whole_log,
-        summary=summary,
-        evidence=evidence,
-        advice=advice,
+        summary=summary, evidence=evidence, advice=advice,
         weight=float(spikes),
     )
 

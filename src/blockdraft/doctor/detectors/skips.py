@@ -23,8 +23,8 @@ def nonfinite(ctx: Context) -> Iterator[Finding]:
     if not bad.any():
         return
     rows = np.flatnonzero(bad)
-    skipped = t.get("skipped")[rows] > 0
-    guarded = bool(skipped.all()) and "lr" not in per_field
+    unguarded = int(np.sum(~(t.get("skipped")[rows] > 0)))  # a missing `skipped` counts as applied
+    guarded = unguarded == 0 and "lr" not in per_field
     first, last = ctx.step_at(rows[0]), ctx.step_at(rows[-1])
     fields_text = ", ".join(f"{k} x{v}" for k, v in per_field.items())
     if guarded:
@@ -35,8 +35,8 @@ def nonfinite(ctx: Context) -> Iterator[Finding]:
         )
     else:
         summary = (
-            f"{plural(len(rows), 'step')} had non-finite values ({fields_text}) and {int((~skipped).sum())} "
-            f"{'was' if (~skipped).sum() == 1 else 'were'} applied"
+            f"{plural(len(rows), 'step')} had non-finite values ({fields_text}) and {unguarded} "
+            f"{'was' if unguarded == 1 else 'were'} applied"
         )
         advice = (
             "Weights after the first unguarded step may be corrupt: resume from the last checkpoint "
@@ -45,11 +45,7 @@ def nonfinite(ctx: Context) -> Iterator[Finding]:
     yield Finding(
         code="nonfinite", severity="warning" if guarded else "error", steps=(first, last),
         summary=summary,
-        evidence={
-            "rows": len(rows),
-            "unguarded": int((~skipped).sum()),
-            **{f"{k}_rows": v for k, v in per_field.items()},
-        },
+        evidence={"rows": len(rows), "unguarded": unguarded, **{f"{k}_rows": v for k, v in per_field.items()}},
         advice=advice,
         weight=float(len(rows)),
         spans=[(ctx.step_at(r), ctx.step_at(r)) for r in rows[:200]],
@@ -59,9 +55,8 @@ def nonfinite(ctx: Context) -> Iterator[Finding]:
 def skipped_steps(ctx: Context) -> Iterator[Finding]:
     t = ctx.t
     skipped = t.get("skipped") > 0
-    for name in ("loss", "grad_norm"):
-        if name in t.cols:
-            skipped &= ~t.nonfinite(name)
+    for name in ("loss", "grad_norm"):  # those are nonfinite's
+        skipped &= ~t.nonfinite(name)
     rows = np.flatnonzero(skipped)
     rollbacks = ctx.run.of_kind("rollback")
     skip_records = [r for r in ctx.run.of_kind("skip") if not _nonfinite_reason(r.get("reason"))]

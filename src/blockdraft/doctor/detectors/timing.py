@@ -48,10 +48,8 @@ def checkpoint_stall(ctx: Context) -> Iterator[Finding]:
     ckpts = [r for r in ctx.run.of_kind("checkpoint") if isinstance(r.get("step"), int | float)]
     if not ckpts or ctx.n < 2:
         return
-    sec = ctx.seconds_per_step
-    threshold = stall_threshold(sec)
-    gaps = _gaps(ctx)
-    prev = ctx.prev_step
+    threshold = stall_threshold(ctx.seconds_per_step)
+    gaps, prev = _gaps(ctx), ctx.prev_step
     ck_steps = np.array([float(r["step"]) for r in ckpts])
     row_after = np.searchsorted(ctx.step, ck_steps, side="right")
     stalls, missing, logging_only, spans = [], 0, 0, []
@@ -260,11 +258,9 @@ def late_recompile(ctx: Context) -> Iterator[Finding]:
     rows = np.flatnonzero((compiled > 0) & (since >= np.where(warmed, 1, WARMUP_UPDATES)))
     if not len(rows):
         return
-    lost = 0.0
-    if ctx.t.has("step_time"):
-        st = ctx.t.get("step_time")
-        typical = float(np.nanmedian(st)) if np.isfinite(st).any() else math.nan
-        lost = float(np.nansum(np.maximum(st[rows] - typical, 0.0))) if math.isfinite(typical) else 0.0
+    st = ctx.t.get("step_time")
+    typical = float(np.nanmedian(st)) if np.isfinite(st).any() else math.nan
+    lost = float(np.nansum(np.maximum(st[rows] - typical, 0.0))) if math.isfinite(typical) else 0.0
     graphs = int(compiled[rows].sum())
     last = ctx.step_at(rows[-1])
     severity = "warning" if len(rows) >= 3 or lost >= COSTLY_STALL_S / 2 else "info"

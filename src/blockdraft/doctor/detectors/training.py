@@ -132,10 +132,9 @@ def loss_spike(ctx: Context) -> Iterator[Finding]:
             "in_same_bucket_run": in_run,
         })
         grad = ctx.t.get("grad_norm")
-        if np.isfinite(grad).any():
-            med = float(np.nanmedian(grad))
-            if med > 0 and math.isfinite(grad[worst.peak_row]):
-                evidence["grad_norm_ratio_at_max"] = float(grad[worst.peak_row]) / med
+        med = _median(grad)
+        if med > 0 and math.isfinite(grad[worst.peak_row]):
+            evidence["grad_norm_ratio_at_max"] = float(grad[worst.peak_row]) / med
         parts.append(
             f"{plural(len(events), 'loss spike')} against the per-bucket baseline, worst {loss[worst.peak_row]:.3g} "
             f"= {worst.ratio:.1f}x at step {ctx.step_at(worst.peak_row)}"
