@@ -155,9 +155,7 @@ class Context:
             return out
         for r in np.flatnonzero(self.gap_rows):
             out[r + 1 : r + 3] = True
-        if self.n:
-            out &= np.concatenate([[False], self.t.segment[1:] == self.t.segment[:-1]])
-        return out
+        return out & np.concatenate([[False], self.t.segment[1:] == self.t.segment[:-1]])
 
     @cached_property
     def unreliable(self) -> np.ndarray:

@@ -39,8 +39,7 @@ class StepTable:
 
     def has(self, name: str) -> bool:
         """True when the column exists and holds at least one finite value."""
-        col = self.cols.get(name)
-        return col is not None and bool(np.isfinite(col).any())
+        return bool(np.isfinite(self.get(name)).any())
 
     def get(self, name: str) -> np.ndarray:
         col = self.cols.get(name)

@@ -99,8 +99,7 @@ def _onset_row(y: np.ndarray, block_start: int, threshold: float) -> int:
     seg = y[lo : block_start + CLIFF_BLOCK]
     below = np.flatnonzero(seg <= threshold)
     for i in below:
-        ahead = seg[i : i + 5]
-        if np.mean(ahead <= threshold) >= 0.6:
+        if np.mean(seg[i : i + 5] <= threshold) >= 0.6:  # most of the next 5 rows stay down
             return lo + int(i)
     return block_start
 
