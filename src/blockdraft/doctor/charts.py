@@ -11,13 +11,19 @@ import math
 
 import numpy as np
 
-from blockdraft.doctor import schedule
+from blockdraft.doctor import schedule, stats
 from blockdraft.doctor.findings import Finding
 from blockdraft.doctor.run import LoggedRun
 
 MAX_POINTS = 6000
 SHADE = {"error": "#d62728", "warning": "#ff9f1c", "info": "#4ea8de"}
 BUCKET_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+METRIC_CODES = {  # the findings shaded on each metric's chart
+    "loss": ("loss_spike", "window_artifact", "accuracy_cliff", "nonfinite", "checkpoint_stall", "logging_gap",
+             "skipped_steps", "plateau"),
+    "acc": ("accuracy_cliff", "loss_spike", "nonfinite", "plateau"),
+    "grad_norm": ("loss_spike", "nonfinite", "skipped_steps"),
+}
 
 
 def _plt():
@@ -27,6 +33,10 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _color(bucket: int) -> str:
+    return BUCKET_COLORS[int(bucket) % len(BUCKET_COLORS)]
 
 
 def _png(fig) -> bytes:
@@ -53,17 +63,12 @@ def _shade(ax, findings: list[Finding], codes: tuple[str, ...] | None = None) ->
         if f.severity == "info" or (codes is not None and f.code not in codes):
             continue
         spans = f.spans or [f.steps]
-        if len(spans) == 1 and spans[0] == f.steps and f.steps[1] - f.steps[0] > 0.5 * _xspan(ax):
-            continue
+        if len(spans) == 1 and spans[0] == f.steps and f.steps[1] - f.steps[0] > 0.5 * np.ptp(ax.get_xlim()):
+            continue  # a finding about most of the run would shade it all
         for a, b in spans[:100]:
             ax.axvspan(a - 0.5, b + 0.5, color=SHADE[f.severity], alpha=0.25, lw=0)
             if b - a < 1:
                 ax.axvline(a, color=SHADE[f.severity], alpha=0.6, lw=0.8)
-
-
-def _xspan(ax) -> float:
-    lo, hi = ax.get_xlim()
-    return hi - lo
 
 
 def _axes(title: str, ylabel: str, height: float = 3.0):
@@ -87,15 +92,7 @@ def metric_chart(run: LoggedRun, findings: list[Finding], name: str, title: str,
     if 1 < len(labels) <= len(BUCKET_COLORS) and len(x) <= 4 * MAX_POINTS:
         for b in labels:
             sel = buckets == b
-            ax.plot(
-                x[sel],
-                y[sel],
-                ".",
-                ms=1.5,
-                color=BUCKET_COLORS[int(b) % len(BUCKET_COLORS)],
-                label=f"bucket {b}",
-                alpha=0.6,
-            )
+            ax.plot(x[sel], y[sel], ".", ms=1.5, color=_color(b), label=f"bucket {b}", alpha=0.6)
         rest = buckets < 0
         if rest.any():
             ax.plot(x[rest], y[rest], ".", ms=1.5, color="#444444", label="mixed buckets", alpha=0.6)
@@ -109,21 +106,7 @@ def metric_chart(run: LoggedRun, findings: list[Finding], name: str, title: str,
             ax.legend(loc="upper right", fontsize=7)
     if log_y and np.nanmin(np.where(y > 0, y, np.nan)) > 0:
         ax.set_yscale("log")
-    codes = {
-        "loss": (
-            "loss_spike",
-            "window_artifact",
-            "accuracy_cliff",
-            "nonfinite",
-            "checkpoint_stall",
-            "logging_gap",
-            "skipped_steps",
-            "plateau",
-        ),
-        "acc": ("accuracy_cliff", "loss_spike", "nonfinite", "plateau"),
-        "grad_norm": ("loss_spike", "nonfinite", "skipped_steps"),
-    }.get(name)
-    _shade(ax, findings, codes)
+    _shade(ax, findings, METRIC_CODES.get(name))
     return _png(fig)
 
 
@@ -205,29 +188,20 @@ def bucket_chart(run: LoggedRun) -> bytes | None:
     plt = _plt()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 2.8), gridspec_kw={"width_ratios": [4, 1]})
     fig.subplots_adjust(left=0.08, right=0.97, top=0.88, bottom=0.17, wspace=0.2)
-    from blockdraft.doctor import stats
-
     starts, lengths, _ = stats.runs(seq)
     centre = int(starts[np.argmax(lengths)] + lengths.max() // 2)
     lo = max(0, min(centre - 200, len(seq) - 400))
     hi = min(len(seq), lo + 400)
     steps = t.steps[t.bucket_row[lo:hi]]
-    colors = [BUCKET_COLORS[int(b) % len(BUCKET_COLORS)] for b in seq[lo:hi]]
+    colors = [_color(b) for b in seq[lo:hi]]
     ax.scatter(steps + np.linspace(0, 0.8, hi - lo) % 1, seq[lo:hi], c=colors, s=8, marker="s")
-    ax.set_title(
-        f"bucket of each batch, micro-batches {lo}..{hi} (around the longest same-bucket run, {lengths.max()} long)",
-        loc="left",
-        fontsize=10,
-    )
+    title = f"bucket of each batch, micro-batches {lo}..{hi} (around the longest same-bucket run, {lengths.max()} long)"
+    ax.set_title(title, loc="left", fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylabel("bucket")
     ax.grid(alpha=0.3)
     counts = np.bincount(seq[seq >= 0])
-    ax2.bar(
-        np.arange(len(counts)),
-        counts / counts.sum(),
-        color=[BUCKET_COLORS[i % len(BUCKET_COLORS)] for i in range(len(counts))],
-    )
+    ax2.bar(np.arange(len(counts)), counts / counts.sum(), color=[_color(i) for i in range(len(counts))])
     ax2.set_title("share of batches", fontsize=10)
     ax2.set_xlabel("bucket")
     return _png(fig)
@@ -251,14 +225,8 @@ def bucket_hist_chart(run: LoggedRun) -> bytes | None:
         if label < 0:
             continue
         sel = ok & (fit.groups == j)
-        ax.hist(
-            rel[sel],
-            bins=bins,
-            histtype="step",
-            lw=1.2,
-            color=BUCKET_COLORS[int(label) % len(BUCKET_COLORS)],
-            label=f"bucket {label} (n={int(sel.sum())})",
-        )
+        label_text = f"bucket {label} (n={int(sel.sum())})"
+        ax.hist(rel[sel], bins=bins, histtype="step", lw=1.2, color=_color(label), label=label_text)
     ax.legend(fontsize=7)
     return _png(fig)
 
@@ -272,13 +240,7 @@ def eval_chart(run: LoggedRun) -> bytes | None:
         x, y = _reduce(run.steps.steps, run.steps.get("tau_est"))
         ax.plot(x, y, lw=0.7, label="tau_est (training)")
     if evals:
-        ax.plot(
-            [r["step"] for r in evals],
-            [r["tau"] for r in evals],
-            "o-",
-            color="black",
-            ms=4,
-            label="tau (speculative decoding)",
-        )
+        steps, taus = [r["step"] for r in evals], [r["tau"] for r in evals]
+        ax.plot(steps, taus, "o-", color="black", ms=4, label="tau (speculative decoding)")
     ax.legend(fontsize=7)
     return _png(fig)

@@ -9,6 +9,7 @@ a section whose name contains "noise" are read as noise settings. What was read 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +39,9 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     "noise.final_std": ("noise_final_std", "noise_std_end", "noise_end", "noise_min"),
     "data.prefetch_depth": ("prefetch_depth", "prefetch_queue_size", "queue_size"),
 }
-NOISE_LEAVES = {
-    "std": "noise.std",
-    "sigma": "noise.std",
-    "start": "noise.std",
-    "warmup_steps": "noise.warmup_steps",
-    "warmup": "noise.warmup_steps",
-    "schedule": "noise.schedule",
-    "final_std": "noise.final_std",
+NOISE_LEAVES = {  # leaf names under a section named like "noise"
+    "std": "noise.std", "sigma": "noise.std", "start": "noise.std", "warmup_steps": "noise.warmup_steps",
+    "warmup": "noise.warmup_steps", "schedule": "noise.schedule", "final_std": "noise.final_std",
     "end": "noise.final_std",
 }
 
@@ -88,14 +84,12 @@ def merge(base: dict[str, Any] | None, extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _leaves(node: Any, prefix: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
-    out: list[tuple[tuple[str, ...], Any]] = []
+def _leaves(node: Any, prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
     if isinstance(node, dict):
         for key, value in node.items():
-            out += _leaves(value, (*prefix, str(key)))
+            yield from _leaves(value, (*prefix, str(key)))
     elif prefix:
-        out.append((prefix, node))
-    return out
+        yield prefix, node
 
 
 def _match(dotted: tuple[str, ...]) -> str | None:
@@ -121,9 +115,11 @@ def _normalise(config: dict[str, Any]) -> None:
     min_lr, lr = optim.pop("min_lr", None), optim.get("lr")
     if "min_lr_ratio" not in optim and _positive(min_lr) is not None and _positive(lr):
         optim["min_lr_ratio"] = float(min_lr) / float(lr)
-    if isinstance(optim.get("schedule"), str):
-        optim["schedule"] = _schedule_name(optim["schedule"])
-        if optim["schedule"] is None:
+    if isinstance(optim.get("schedule"), str):  # "cosine_with_warmup" -> "cosine"; a shape we lack is dropped
+        known = [name for name in ("cosine", "linear", "constant") if name in optim["schedule"].lower()]
+        if known:
+            optim["schedule"] = known[0]
+        else:
             optim.pop("schedule")
     ratio = optim.get("warmup_ratio")
     if isinstance(ratio, int | float) and ratio > 1:
@@ -131,14 +127,6 @@ def _normalise(config: dict[str, Any]) -> None:
     noise = config.get("noise", {})
     if isinstance(noise.get("schedule"), str):
         noise["schedule"] = "cosine" if "cos" in noise["schedule"].lower() else noise["schedule"].lower()
-
-
-def _schedule_name(name: str) -> str | None:
-    low = name.lower()
-    for known in ("cosine", "linear", "constant"):
-        if known in low:
-            return known
-    return None
 
 
 def _positive(value: Any) -> float | None:

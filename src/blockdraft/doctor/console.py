@@ -35,11 +35,8 @@ def unchecked(run: LoggedRun) -> dict[str, str]:
     first = t.steps[0] if len(t) else 0
     need("warmup_first_step", first <= 1, f"the first updates (log starts at step {int(first)})")
     need("lr_schedule_mismatch", "lr" in has, "an lr field")
-    need(
-        "lr_schedule_mismatch",
-        schedule.expected_lr(run, np.ones(1)) is not None,
-        "peak lr, warmup and total steps" + config_hint + "; only restarts were looked for",
-    )
+    need("lr_schedule_mismatch", schedule.expected_lr(run, np.ones(1)) is not None,
+         "peak lr, warmup and total steps" + config_hint + "; only restarts were looked for")
     need("noise_schedule_flat", "noise_std" in has, "a noise_std field")
     noise_known = isinstance(run.setting("noise", "std"), int | float)
     need("noise_schedule_flat", noise_known, "the noise settings" + config_hint)
@@ -57,11 +54,8 @@ def unchecked(run: LoggedRun) -> dict[str, str]:
     need("logging_gap", "time" in has, "time stamps (only step gaps were looked for)")
     need("homogeneous_batches", "loss" in has or len(t.bucket_seq) > 0, "bucket ids or a loss field")
     single = int(np.sum(np.diff(t.steps) == 1)) if len(t) > 1 else 0
-    need(
-        "homogeneous_batches",
-        len(t.bucket_seq) > 0 or "loss" not in has or single >= 200,
-        "bucket ids, or 200+ records of one step each (a window's average blurs the loss levels)",
-    )
+    need("homogeneous_batches", len(t.bucket_seq) > 0 or "loss" not in has or single >= 200,
+         "bucket ids, or 200+ records of one step each (a window's average blurs the loss levels)")
     return {code: "; ".join(what) for code, what in needs.items()}
 
 
@@ -96,17 +90,11 @@ def print_report(run: LoggedRun, findings: list[Finding], console: Any = None) -
         console.print(Text("no findings: nothing unusual in what this log records", style="green"))
     else:
         table = Table(show_header=True, header_style="bold", expand=False, show_lines=False)
-        table.add_column("severity")
-        table.add_column("code")
-        table.add_column("steps", justify="right")
-        table.add_column("finding")
+        for column in ("severity", "code", "steps", "finding"):
+            table.add_column(column, justify="right" if column == "steps" else "left")
         for f in findings:
-            table.add_row(
-                Text(f.severity, style=STYLE[f.severity]),
-                f.code,
-                f.step_text(),
-                Text(f.summary) + Text(f"\n-> {f.advice}", style="dim"),
-            )
+            finding = Text(f.summary) + Text(f"\n-> {f.advice}", style="dim")
+            table.add_row(Text(f.severity, style=STYLE[f.severity]), f.code, f.step_text(), finding)
         console.print(table)
         console.print(", ".join(f"{n} {s}" for s, n in severity_counts(findings).items()))
     missing = unchecked(run)

@@ -23,11 +23,8 @@ class Context:
         self.run = run
         self.t: StepTable = run.steps
         self.n = len(run.steps)
-        self.shared: dict[str, Any] = {}
-
-    @cached_property
-    def step(self) -> np.ndarray:
-        return self.t.steps
+        self.step = run.steps.steps
+        self.shared: dict[Callable, Any] = {}
 
     @cached_property
     def loss_levels(self) -> stats.Levels | None:
@@ -61,9 +58,7 @@ class Context:
         levels = self.loss_levels
         bucket = levels.labels.copy() if levels is not None else self.t.bucket.copy()
         labels, counts = np.unique(bucket, return_counts=True)
-        rare = labels[counts < 30]
-        if len(rare):
-            bucket[np.isin(bucket, rare)] = -1
+        bucket[np.isin(bucket, labels[counts < 30])] = -1
         return bucket
 
     def _log_fit(self, name: str, floor: float, groups: np.ndarray | None = None) -> stats.BucketFit | None:
@@ -101,6 +96,11 @@ class Context:
         return self._since_previous(self.step)
 
     @cached_property
+    def prev_step(self) -> np.ndarray:
+        """The step of the row before (-inf for the first row)."""
+        return np.concatenate([[-np.inf], self.step[:-1]])
+
+    @cached_property
     def dtime(self) -> np.ndarray:
         return self._since_previous(self.t.get("time")) if self.t.has("time") else np.full(self.n, np.nan)
 
@@ -119,14 +119,10 @@ class Context:
         return bool(len(self.spacings)) and float(np.mean(self.spacings == self.stride)) >= 0.9
 
     @cached_property
-    def zero_based(self) -> bool:
-        """The log counts the first update as step 0 (monitor threads often do), not as step 1."""
-        return bool(self.n) and self.step[0] == 0
-
-    @cached_property
     def update(self) -> np.ndarray:
-        """The 1-based update number of each row, whatever the log starts counting from."""
-        return self.step + 1.0 if self.zero_based else self.step
+        """The 1-based update number of each row, also where the log counts the first update as step 0
+        (monitor threads often do)."""
+        return self.step + 1.0 if self.n and self.step[0] == 0 else self.step
 
     @cached_property
     def starts_at_first_update(self) -> bool:
@@ -159,9 +155,7 @@ class Context:
             return out
         for r in np.flatnonzero(self.gap_rows):
             out[r + 1 : r + 3] = True
-        if self.n:
-            out &= np.concatenate([[False], self.t.segment[1:] == self.t.segment[:-1]])
-        return out
+        return out & np.concatenate([[False], self.t.segment[1:] == self.t.segment[:-1]])
 
     @cached_property
     def unreliable(self) -> np.ndarray:
@@ -182,11 +176,10 @@ class Context:
     @cached_property
     def seconds_per_step(self) -> float:
         """Typical wall seconds per update (from step_time, else from time stamps)."""
-        if self.t.has("step_time"):
-            st = self.t.get("step_time")
-            st = st[np.isfinite(st) & (st > 0)]
-            if len(st):
-                return float(np.median(st))
+        st = self.t.get("step_time")
+        st = st[np.isfinite(st) & (st > 0)]
+        if len(st):
+            return float(np.median(st))
         ok = np.isfinite(self.dtime) & (self.dstep > 0)
         if ok.any():
             return float(np.median(self.dtime[ok] / self.dstep[ok]))
@@ -203,11 +196,8 @@ class Context:
 
     @cached_property
     def lr_schedule_end(self) -> float:
-        """Where the logged LR decay would reach zero, from its shape after the peak (NaN if unseen).
-
-        Each decaying row gives an end under a cosine and under a linear decay; the shape whose
-        estimates agree (smallest spread) is taken. Rough by nature: a hint, not a measurement.
-        """
+        """Where the logged LR decay would reach zero (NaN if unseen): each decaying row gives an end under
+        a cosine and under a linear decay, and the shape whose ends agree best wins. A hint, not a measurement."""
         lr = self.t.get("lr")
         ok = np.isfinite(lr) & (lr > 0)
         if ok.sum() < 50:
@@ -233,9 +223,6 @@ class Context:
                 best = (spread, float(np.exp(np.median(ends))))
         return best[1] if best[0] <= 0.05 else math.nan
 
-    def rows_between(self, first_step: float, last_step: float) -> np.ndarray:
-        return np.flatnonzero((self.step >= first_step) & (self.step <= last_step))
-
     @property
     def whole_log(self) -> tuple[int, int]:
         """The first and last step: where a finding about the run as a whole (a setting, the batch order) points."""
@@ -256,12 +243,11 @@ class Context:
 def shared(compute: Callable[[Context], T]) -> Callable[[Context], T]:
     """Compute `compute(ctx)` once per analysis: several detectors read the same events (spikes,
     level drops, gaps, the batch order) and each may be the first to ask."""
-    key = f"{compute.__module__}.{compute.__name__}"
 
     @wraps(compute)
     def once(ctx: Context) -> T:
-        if key not in ctx.shared:
-            ctx.shared[key] = compute(ctx)
-        return ctx.shared[key]
+        if compute not in ctx.shared:
+            ctx.shared[compute] = compute(ctx)
+        return ctx.shared[compute]
 
     return once

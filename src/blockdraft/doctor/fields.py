@@ -13,28 +13,9 @@ from collections.abc import Iterable
 from blockdraft.errors import UserError
 
 STEP_FIELDS = (
-    "step",
-    "time",
-    "lr",
-    "loss",
-    "acc",
-    "tau_est",
-    "streak",
-    "grad_norm",
-    "skipped",
-    "noise_std",
-    "epoch",
-    "epoch_progress",
-    "progress",
-    "tokens",
-    "seq_len_max",
-    "step_time",
-    "data_wait",
-    "queue_depth",
-    "tok_per_s",
-    "graphs_compiled",
-    "kl",
-    "window",
+    "step", "time", "lr", "loss", "acc", "tau_est", "streak", "grad_norm", "skipped", "noise_std", "epoch",
+    "epoch_progress", "progress", "tokens", "seq_len_max", "step_time", "data_wait", "queue_depth", "tok_per_s",
+    "graphs_compiled", "kl", "window"
 )
 LIST_FIELDS = ("buckets", "acc_per_pos")
 OTHER_FIELDS = ("kind", "skip_reason", "nonfinite")
@@ -42,27 +23,13 @@ HELD_OUT = ("eval", "val", "test")
 
 ALIASES: dict[str, tuple[str, ...]] = {
     "step": (
-        "global_step",
-        "train/global_step",
-        "trainer/global_step",
-        "optimizer_step",
-        "iteration",
-        "iter",
-        "it",
-        "Step",
-        "_step",
+        "global_step", "train/global_step", "trainer/global_step", "optimizer_step", "iteration", "iter", "it", "Step",
+        "_step"
     ),
     "time": ("timestamp", "_timestamp", "wall_time", "walltime", "wall", "elapsed", "elapsed_s", "_runtime"),
     "loss": ("train/loss", "train_loss", "loss/train", "Loss/train", "avg_loss", "loss_avg", "running_loss"),
     "acc": (
-        "accuracy",
-        "train/acc",
-        "train/accuracy",
-        "avg_acc",
-        "acc_avg",
-        "top1",
-        "train_acc",
-        "mean_token_accuracy",
+        "accuracy", "train/acc", "train/accuracy", "avg_acc", "acc_avg", "top1", "train_acc", "mean_token_accuracy"
     ),
     "lr": ("learning_rate", "train/lr", "train/learning_rate", "lr/0", "lr_0", "optim/lr"),
     "tau_est": ("train/tau_est", "tau_train"),
@@ -77,13 +44,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "data_wait": ("data_time", "data_s", "train/data_time", "wait_s"),
     "queue_depth": ("queue", "q", "q_pre", "prefetch_queue", "queue_size", "qsize"),
     "tok_per_s": (
-        "tok_s",
-        "tokens_per_sec",
-        "tokens_per_second",
-        "tok/s",
-        "tps",
-        "throughput",
-        "train/tokens_per_second",
+        "tok_s", "tokens_per_sec", "tokens_per_second", "tok/s", "tps", "throughput", "train/tokens_per_second"
     ),
     "kl": ("train/kl", "kl_loss"),
     "window": ("n_steps", "steps_in_window", "window_steps", "num_steps", "count"),
@@ -95,10 +56,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
 def resolve(keys: Iterable[str], mapping: dict[str, str]) -> dict[str, str]:
     """Our field -> the log's key, for every field the log has under some name."""
     present = set(keys)
-    out: dict[str, str] = {}
-    for ours, theirs in mapping.items():
-        if theirs in present:
-            out[ours] = theirs
+    out = {ours: theirs for ours, theirs in mapping.items() if theirs in present}
     taken = set(out.values())
     by_base: dict[str, list[str]] = {}
     for key in present:

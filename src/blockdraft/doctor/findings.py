@@ -2,7 +2,7 @@
 
 The JSON keys (`code`, `severity`, `steps`, `summary`, `evidence`, `advice`) are a contract: CI jobs
 and the live trainer read them. `weight` only orders findings of one severity (bigger first);
-`spans` lists the individual events (step ranges) for the report's shading.
+`spans` lists the individual events (step ranges) for the report's shading; empty means `steps`.
 """
 
 from __future__ import annotations
@@ -14,29 +14,11 @@ from typing import Any
 SEVERITIES = ("info", "warning", "error")
 SEVERITY_RANK = {name: i for i, name in enumerate(SEVERITIES)}
 
-CODES = (
-    "loss_spike",
-    "accuracy_cliff",
-    "nonfinite",
-    "skipped_steps",
-    "checkpoint_stall",
-    "logging_gap",
-    "window_artifact",
-    "homogeneous_batches",
-    "bucket_loss_modes",
-    "warmup_first_step",
-    "lr_schedule_mismatch",
-    "noise_schedule_flat",
-    "optimizer_betas",
-    "loss_decay_gamma",
-    "queue_drain",
-    "data_wait",
-    "throughput_drift",
-    "epoch_accounting",
-    "plateau",
-    "tau_gap",
-    "data_repetition",
-    "late_recompile",
+CODES = (  # never rename one: CI jobs and trackers key on them
+    "loss_spike", "accuracy_cliff", "nonfinite", "skipped_steps", "checkpoint_stall", "logging_gap", "window_artifact",
+    "homogeneous_batches", "bucket_loss_modes", "warmup_first_step", "lr_schedule_mismatch", "noise_schedule_flat",
+    "optimizer_betas", "loss_decay_gamma", "queue_drain", "data_wait", "throughput_drift", "epoch_accounting",
+    "plateau", "tau_gap", "data_repetition", "late_recompile",
 )
 
 
@@ -66,14 +48,8 @@ class Finding:
         return str(self.steps[0]) if self.steps[0] == self.steps[1] else f"{self.steps[0]}{dash}{self.steps[1]}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "code": self.code,
-            "severity": self.severity,
-            "steps": list(self.steps),
-            "summary": self.summary,
-            "evidence": dict(self.evidence),
-            "advice": self.advice,
-        }
+        return {"code": self.code, "severity": self.severity, "steps": list(self.steps), "summary": self.summary,
+                "evidence": dict(self.evidence), "advice": self.advice}
 
 
 def _clean_number(value: Any) -> float | int | None:

@@ -16,13 +16,8 @@ from blockdraft.doctor.records import decode_record, parse_log_bytes
 
 
 def follow(
-    path: str,
-    mapping: dict[str, str],
-    as_json: bool = False,
-    poll_s: float = 1.0,
-    stop: Callable[[], bool] | None = None,
-    emit: Callable[[str], Any] = print,
-    settings: dict[str, Any] | None = None,
+    path: str, mapping: dict[str, str], as_json: bool = False, poll_s: float = 1.0,
+    stop: Callable[[], bool] | None = None, emit: Callable[[str], Any] = print, settings: dict[str, Any] | None = None,
 ) -> list[Finding]:
     """Print findings as they appear until the run writes run_end (or `stop()` says so).
 

@@ -10,13 +10,14 @@ every `every` steps). Each code is reported once per severity it reaches.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from blockdraft.doctor.detectors import diagnose
+from blockdraft.doctor.detectors import diagnose, settings
 from blockdraft.doctor.detectors.timing import stall_threshold
 from blockdraft.doctor.findings import SEVERITY_RANK, Finding
 from blockdraft.doctor.records import apply_mapping, decode_record, run_from_records
@@ -28,14 +29,8 @@ class LiveDoctor:
     """Incremental diagnosis: `observe` returns only findings not reported before."""
 
     def __init__(
-        self,
-        config: dict[str, Any] | None = None,
-        run_start: dict[str, Any] | None = None,
-        *,
-        every: int = 50,
-        window: int = 4096,
-        min_severity: str = "warning",
-        mapping: dict[str, str] | None = None,
+        self, config: dict[str, Any] | None = None, run_start: dict[str, Any] | None = None, *, every: int = 50,
+        window: int = 4096, min_severity: str = "warning", mapping: dict[str, str] | None = None,
     ) -> None:
         self.run_start = dict(run_start) if run_start else None
         if config is not None:
@@ -119,9 +114,7 @@ class LiveDoctor:
         step = int(record.get("step", 0))
         skipped = bool(record.get("skipped"))
         finding = Finding(
-            code="nonfinite",
-            severity="warning" if skipped else "error",
-            steps=(step, step),
+            code="nonfinite", severity="warning" if skipped else "error", steps=(step, step),
             summary=f"non-finite {', '.join(bad)} at step {step}" + (" (skipped by the guard)" if skipped else ""),
             evidence={"step": step, "skipped": int(skipped)},
             advice="Resume from the last good checkpoint if the update was applied; find the batch that caused it.",
@@ -130,16 +123,13 @@ class LiveDoctor:
 
     def _checkpoint(self, record: dict[str, Any]) -> list[Finding]:
         stall = record.get("stall_s")
-        times = [r.get("step_time") for r in list(self._steps)[-200:]]
-        times = sorted(t for t in times if isinstance(t, int | float) and t > 0)
-        typical = times[len(times) // 2] if times else 0.0
+        times = [t for r in list(self._steps)[-200:] if isinstance(t := r.get("step_time"), int | float) and t > 0]
+        typical = statistics.median_high(times) if times else 0.0
         if not isinstance(stall, int | float) or stall < stall_threshold(typical):
             return []
         step = int(record.get("step", 0))
         finding = Finding(
-            code="checkpoint_stall",
-            severity="warning",
-            steps=(step, step),
+            code="checkpoint_stall", severity="warning", steps=(step, step),
             summary=f"checkpoint at step {step} held the training loop for {stall:.0f} s",
             evidence={"stall_s": float(stall), "typical_step_s": typical},
             advice="Stage the state between steps and write it in the background.",
@@ -147,11 +137,7 @@ class LiveDoctor:
         return [finding] if self._fresh(finding) else []
 
     def _analyse(self, only_config: bool = False) -> list[Finding]:
-        from blockdraft.doctor.detectors import settings
-
-        recs: list[dict[str, Any]] = []
-        if self.run_start is not None:
-            recs.append(self.run_start)
+        recs = [self.run_start] if self.run_start is not None else []
         first = self._steps[0].get("step", 0) if self._steps else 0
         recs += [  # the `data` record describes the whole run, whatever the window
             r for r in self._others
@@ -159,10 +145,7 @@ class LiveDoctor:
         ]
         recs += list(self._steps)
         run = run_from_records(recs)
-        if only_config:
-            found = diagnose(run, (settings.optimizer_betas, settings.loss_decay_gamma))
-        else:
-            found = diagnose(run)
+        found = diagnose(run, (settings.optimizer_betas, settings.loss_decay_gamma)) if only_config else diagnose(run)
         return [f for f in found if self._fresh(f)]
 
 

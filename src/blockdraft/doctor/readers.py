@@ -20,7 +20,7 @@ from blockdraft.doctor.run import LoggedRun
 from blockdraft.errors import UserError
 
 TB_PREFIX = "events.out.tfevents"
-HF_SKIP = ("train_runtime", "eval_runtime")
+HF_SKIP = ("train_runtime", "eval_runtime", "eval_loss")  # keys of summary and eval entries, not training steps
 
 
 def load_run(path: str | Path, mapping: dict[str, str] | None = None) -> LoggedRun:
@@ -106,11 +106,8 @@ def _read_hf(path: Path, mapping: dict[str, str]) -> LoggedRun:
     history = state.get("log_history") if isinstance(state, dict) else None
     if not isinstance(history, list):
         raise UserError(f"{path}: no log_history; blockdraft doctor reads {FORMATS}")
-    records: list[dict[str, Any]] = [_hf_run_start(state)]
-    for entry in history:
-        if isinstance(entry, dict) and not any(k in entry for k in HF_SKIP) and "eval_loss" not in entry:
-            records.append(entry)
-    return run_from_records(records, mapping, source=str(path), log_format="hf")
+    steps = [entry for entry in history if isinstance(entry, dict) and not any(k in entry for k in HF_SKIP)]
+    return run_from_records([_hf_run_start(state), *steps], mapping, source=str(path), log_format="hf")
 
 
 def _hf_run_start(state: dict[str, Any]) -> dict[str, Any]:
@@ -132,10 +129,8 @@ def _read_csv(path: Path, mapping: dict[str, str]) -> LoggedRun:
     if not reader.fieldnames or len(reader.fieldnames) < 2:
         raise UserError(f"{path}: not a CSV with a header row; blockdraft doctor reads {FORMATS}")
     names = {col: col.rsplit(" - ", 1)[-1] for col in reader.fieldnames if not col.endswith(("__MIN", "__MAX"))}
-    records = []
-    for row in reader:
-        rec = {name: _cell(row.get(col)) for col, name in names.items()}
-        records.append({k: v for k, v in rec.items() if v is not None})
+    cells = ({name: _cell(row.get(col)) for col, name in names.items()} for row in reader)
+    records = [{k: v for k, v in rec.items() if v is not None} for rec in cells]
     return run_from_records(records, mapping, source=str(path), log_format="wandb-csv")
 
 

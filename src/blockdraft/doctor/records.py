@@ -34,11 +34,8 @@ METRICS = ("loss", "acc", "lr", "grad_norm")
 
 
 def parse_log_bytes(data: bytes, mapping: dict[str, str], source: str = "<memory>") -> LoggedRun:
-    """Parse a whole JSONL log: step lines in bulk through a msgspec struct, other lines as dicts.
-
-    The cyclic garbage collector is paused meanwhile: a million new row objects would trigger it
-    hundreds of times over objects that cannot form cycles.
-    """
+    """Parse a whole JSONL log: step lines in bulk through a msgspec struct, other lines as dicts. The cyclic
+    garbage collector is paused meanwhile: a million new rows would trigger it hundreds of times for nothing."""
     paused = gc.isenabled()
     gc.disable()
     try:
@@ -58,22 +55,20 @@ def _parse_lines(data: bytes, mapping: dict[str, str], source: str) -> LoggedRun
     one, many = msgspec.json.Decoder(row_type), msgspec.json.Decoder(list[row_type])
     rows: list[Any] = []
     row_lines: list[int] = []
-    others: list[tuple[int, dict[str, Any]]] = []
+    others: list[dict[str, Any]] = []
     bad_lines, truncated = 0, False
     for lo in range(0, line_count, CHUNK_LINES):
         chunk = lines[lo : lo + CHUNK_LINES]
         try:
             decoded: list[Any] = many.decode(b"[" + b",".join(chunk) + b"]")
         except msgspec.DecodeError:
-            decoded = [_decode_line(one, raw) for raw in chunk]
+            decoded = [_decode_row(one, raw, resolved) for raw in chunk]
             for i, row in enumerate(decoded):
                 if row is None and chunk[i].strip():
                     if lo + i == line_count - 1:
                         truncated = True
                     else:
                         bad_lines += 1
-                elif isinstance(row, dict):
-                    decoded[i] = _from_dict(row, row_type, resolved)
         for i, row in enumerate(decoded):
             if row is None:
                 continue
@@ -86,7 +81,7 @@ def _parse_lines(data: bytes, mapping: dict[str, str], source: str) -> LoggedRun
                 rec = decode_record(chunk[i])
                 if rec is not None:
                     rec["_line"] = lo + i
-                    others.append((lo + i, rec))
+                    others.append(rec)
     if bad_lines and bad_lines > 0.5 * max(1, line_count):
         raise UserError(
             f"{source}: {bad_lines} of {line_count} lines are not JSON objects; blockdraft doctor reads {FORMATS}"
@@ -100,19 +95,14 @@ def _parse_lines(data: bytes, mapping: dict[str, str], source: str) -> LoggedRun
 
 
 def run_from_records(
-    recs: Sequence[dict[str, Any]],
-    mapping: dict[str, str] | None = None,
-    source: str = "<live>",
+    recs: Sequence[dict[str, Any]], mapping: dict[str, str] | None = None, source: str = "<live>",
     log_format: str = "jsonl",
 ) -> LoggedRun:
     """A LoggedRun from already-decoded records (the live doctor's window, foreign formats' readers)."""
-    keys: set[str] = set()
-    for rec in recs:
-        keys.update(rec)
-    resolved = fields.resolve(keys, mapping or {})
+    resolved = fields.resolve(set().union(*recs), mapping or {})
     step_rows: list[dict[str, Any]] = []
     row_lines: list[int] = []
-    others: list[tuple[int, dict[str, Any]]] = []
+    others: list[dict[str, Any]] = []
     for line_no, rec in enumerate(recs):
         kind = rec.get(resolved.get("kind", "kind"))
         step = rec.get(resolved["step"]) if "step" in resolved else None
@@ -120,7 +110,7 @@ def run_from_records(
             step_rows.append(rec)
             row_lines.append(line_no)
         elif isinstance(kind, str):
-            others.append((line_no, {**rec, "_line": line_no}))
+            others.append({**rec, "_line": line_no})
     values = {
         name: ([r.get(resolved[name]) for r in step_rows] if name in resolved else [None] * len(step_rows))
         for name in (*STEP_FIELDS, *LIST_FIELDS, *OTHER_FIELDS)
@@ -139,51 +129,41 @@ def apply_mapping(rec: dict[str, Any], mapping: dict[str, str]) -> None:
 
 def _sniff_keys(lines: list[bytes], mapping: dict[str, str]) -> dict[str, str]:
     """Which key holds each of our fields, judged from the first and last lines of the log."""
-    keys: set[str] = set()
     sample = lines[:SNIFF_LINES] + lines[-SNIFF_LINES:] if len(lines) > 2 * SNIFF_LINES else lines
-    for raw in sample:
-        rec = decode_record(raw)
-        if rec is not None and rec.get("kind") in (None, "step"):
-            keys.update(rec)
-    return fields.resolve(keys, mapping)
+    recs = [rec for rec in map(decode_record, sample) if rec is not None and rec.get("kind") in (None, "step")]
+    return fields.resolve(set().union(*recs), mapping)
 
 
 def _row_struct(resolved: dict[str, str]) -> type:
     """A msgspec struct of only the fields we read, each under the log's own key."""
     scalar = float | bool | str | None
     specs: list[tuple[str, Any, Any]] = [("kind", str | None, None)]
-    for name in STEP_FIELDS:
-        specs.append((name, Any if name == "queue_depth" else scalar, None))
+    specs += [(name, Any if name == "queue_depth" else scalar, None) for name in STEP_FIELDS]
     specs += [(name, Any, None) for name in ("buckets", "skip_reason", FLAGGED)]
-    rename = {ours: theirs for ours, theirs in resolved.items() if ours != theirs}
-    return msgspec.defstruct("StepRow", specs, rename=rename, gc=False)
+    return msgspec.defstruct("StepRow", specs, rename=fields.renamed(resolved), gc=False)
 
 
 def _tail_profiles(lines: list[bytes], row_lines: list[int], key: str | None) -> list[Any]:
     """acc_per_pos of the last step rows only: the profile is a recent mean, and lists cost to decode."""
     if key is None:
         return []
-    out = []
-    for line_no in row_lines[-PROFILE_ROWS:]:
-        rec = decode_record(lines[line_no])
-        out.append(rec.get(key) if rec else None)
-    return out
+    recs = (decode_record(lines[line_no]) for line_no in row_lines[-PROFILE_ROWS:])
+    return [rec.get(key) if rec else None for rec in recs]
 
 
-def _decode_line(decoder: Any, raw: bytes) -> Any:
-    """One line as a StepRow; a line msgspec rejects comes back as a dict (or None if not JSON)."""
+def _decode_row(decoder: Any, raw: bytes, resolved: dict[str, str]) -> Any:
+    """One line as a StepRow; a line msgspec rejects (NaN literals, unusual types) goes through json
+    (None if it is not a JSON object), and a record of another kind keeps only its `kind`."""
     try:
         return decoder.decode(raw)
     except msgspec.DecodeError:
-        return decode_record(raw)
-
-
-def _from_dict(rec: dict[str, Any], row_type: type, resolved: dict[str, str]) -> Any:
-    """A StepRow from a dict decoded by json (NaN literals, unusual types); other kinds keep only `kind`."""
+        rec = decode_record(raw)
+    if rec is None:
+        return None
+    row_type = decoder.type
     if rec.get("kind") not in (None, "step"):
         return row_type(kind=rec.get("kind"))
-    values = {name: rec.get(key) for name, key in resolved.items() if name in row_type.__struct_fields__}
-    return row_type(**values)
+    return row_type(**{name: rec.get(key) for name, key in resolved.items() if name in row_type.__struct_fields__})
 
 
 def _is_step(kind: Any, step: Any, metrics: Iterable[Any]) -> bool:
@@ -201,9 +181,7 @@ def decode_record(raw: bytes) -> dict[str, Any] | None:
 
 
 def _number(value: Any) -> float:
-    if isinstance(value, bool):
-        return 1.0 if value else 0.0
-    if isinstance(value, int | float):
+    if isinstance(value, int | float):  # a bool too: 1.0 or 0.0
         return float(value)
     if isinstance(value, str):
         try:
@@ -237,14 +215,9 @@ def _column(values: list[Any]) -> np.ndarray:
     return col
 
 
-def _assemble(
-    values: dict[str, list[Any]],
-    lines: np.ndarray,
-    others: list[tuple[int, dict[str, Any]]],
-    source: str,
-) -> LoggedRun:
+def _assemble(values: dict[str, list[Any]], lines: np.ndarray, others: list[dict[str, Any]], source: str) -> LoggedRun:
     records: dict[str, list[dict[str, Any]]] = {}
-    for _, rec in others:
+    for rec in others:
         records.setdefault(str(rec["kind"]), []).append(rec)
     n = len(lines)
     cols: dict[str, np.ndarray] = {}
@@ -268,17 +241,7 @@ def _assemble(
     _derive(cols)
     if "step" not in cols or not np.isfinite(cols["step"]).any():
         cols["step"] = np.arange(1, n + 1, dtype=np.float64)
-    single = np.full(n, MISSING_BUCKET, dtype=np.int64)
-    multi: dict[int, list[int]] = {}
-    for i, value in enumerate(values.get("buckets", [])):
-        if value is None:
-            continue
-        items = _bucket_list(value)
-        if len(items) == 1:
-            single[i] = items[0]
-        elif items:
-            multi[i] = items
-    bucket, bucket_seq, bucket_row = _bucket_columns(single, multi)
+    bucket, bucket_seq, bucket_row = _bucket_columns(values.get("buckets", []), n)
     world = _world_sizes(lines, records)
     if world is not None:
         cols["world_size"] = world
@@ -287,21 +250,11 @@ def _assemble(
     run_start = records["run_start"][-1] if records.get("run_start") else None
     config = run_start.get("config") if run_start else None
     table = StepTable(
-        cols=cols,
-        bucket=bucket,
-        bucket_seq=bucket_seq,
-        bucket_row=bucket_row,
-        segment=_segments(cols["step"], lines, records),
-        skip_reasons=reasons,
-        acc_per_pos=_mean_profile(profiles),
+        cols=cols, bucket=bucket, bucket_seq=bucket_seq, bucket_row=bucket_row,
+        segment=_segments(cols["step"], lines, records), skip_reasons=reasons, acc_per_pos=_mean_profile(profiles),
     )
-    return LoggedRun(
-        source=source,
-        steps=table,
-        run_start=run_start,
-        config=config if isinstance(config, dict) else None,
-        records=records,
-    )
+    config = config if isinstance(config, dict) else None
+    return LoggedRun(source=source, steps=table, run_start=run_start, config=config, records=records)
 
 
 def _derive(cols: dict[str, np.ndarray]) -> None:
@@ -315,33 +268,22 @@ def _derive(cols: dict[str, np.ndarray]) -> None:
             cols["epoch_pos"] = cols.pop("epoch")
 
 
-def _bucket_list(value: Any) -> list[int]:
-    if isinstance(value, list):
-        return [int(v) for v in value if isinstance(v, int | float) and not isinstance(v, bool)]
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return [int(value)]
-    return []
-
-
-def _bucket_columns(single: np.ndarray, multi: dict[int, list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-row bucket (or MIXED_BUCKET) and the flat micro-batch bucket sequence with its rows."""
-    bucket = single.copy()
-    if not multi:
-        rows = np.flatnonzero(bucket >= 0)
-        return bucket, bucket[rows], rows
+def _bucket_columns(values: list[Any], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-row bucket (MISSING_BUCKET, or MIXED_BUCKET for an update of several) and the flat
+    micro-batch bucket sequence with each micro-batch's row."""
+    bucket = np.full(n, MISSING_BUCKET, dtype=np.int64)
     seq: list[int] = []
-    rows_out: list[int] = []
-    for i, b in enumerate(single.tolist()):
-        items = multi.get(i)
-        if items is None:
-            if b >= 0:
-                seq.append(b)
-                rows_out.append(i)
+    rows: list[int] = []
+    for i, value in enumerate(values):
+        listed = value if isinstance(value, list) else [value]
+        items = [int(v) for v in listed if isinstance(v, int | float) and not isinstance(v, bool)]
+        if not items:
             continue
         bucket[i] = items[0] if all(x == items[0] for x in items) else MIXED_BUCKET
-        seq.extend(items)
-        rows_out.extend([i] * len(items))
-    return bucket, np.array(seq, dtype=np.int64), np.array(rows_out, dtype=np.int64)
+        if len(items) > 1 or items[0] >= 0:
+            seq.extend(items)
+            rows.extend([i] * len(items))
+    return bucket, np.array(seq, dtype=np.int64), np.array(rows, dtype=np.int64)
 
 
 def _mean_profile(profiles: list[Any]) -> np.ndarray | None:

@@ -78,9 +78,7 @@ def _table(findings: list[Finding]) -> str:
 
 
 def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return html.escape(str(value))
+    return f"{value:.4g}" if isinstance(value, float) else html.escape(str(value))
 
 
 def _charts(run: LoggedRun, findings: list[Finding]) -> list[tuple[str, bytes]]:

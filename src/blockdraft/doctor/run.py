@@ -35,17 +35,11 @@ class StepTable:
 
     def nonfinite(self, name: str) -> np.ndarray:
         """Rows where the field was written as NaN or +-Infinity (a missing field is not counted)."""
-        col = self.get(name)
-        literal = self.cols.get(name + NAN_SUFFIX)
-        bad = np.isinf(col)
-        if literal is not None:
-            bad |= literal > 0
-        return bad
+        return np.isinf(self.get(name)) | (self.get(name + NAN_SUFFIX) > 0)
 
     def has(self, name: str) -> bool:
         """True when the column exists and holds at least one finite value."""
-        col = self.cols.get(name)
-        return col is not None and bool(np.isfinite(col).any())
+        return bool(np.isfinite(self.get(name)).any())
 
     def get(self, name: str) -> np.ndarray:
         col = self.cols.get(name)

@@ -48,12 +48,9 @@ def logged_steps_per_epoch(run: LoggedRun) -> int | None:
 
 def warmup_steps(run: LoggedRun) -> int | None:
     """Resolved warmup length: run_start's, else optim.warmup_steps, else ratio x total."""
-    resolved = run.run_value("warmup_steps")
-    if isinstance(resolved, int | float) and not isinstance(resolved, bool) and resolved >= 0:
-        return int(resolved)
-    explicit = run.setting("optim", "warmup_steps")
-    if isinstance(explicit, int | float) and not isinstance(explicit, bool) and explicit >= 0:
-        return int(explicit)
+    for known in (run.run_value("warmup_steps"), run.setting("optim", "warmup_steps")):
+        if isinstance(known, int | float) and not isinstance(known, bool) and known >= 0:
+            return int(known)
     ratio = run.setting("optim", "warmup_ratio")
     total = total_steps(run)
     if isinstance(ratio, int | float) and total:

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 MAD_TO_SIGMA = 1.4826
+MAX_LONG_JUMPS = 20000  # bucket changes whose jump is measured as a median of 5 rows each side
+SEPARATION = 2.0
+MIN_SHARE = 0.03
 
 
 def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -29,8 +32,7 @@ def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     if full >= 2 and 0 < rest < size / 2:
         full -= 1
         rest += size
-    meds = []
-    centres = []
+    meds, centres = [], []
     if full:
         head = x[: full * size].reshape(full, size)
         with np.errstate(all="ignore"):
@@ -70,12 +72,10 @@ def smooth_trend(x: np.ndarray, size: int, extrapolate: bool = True) -> np.ndarr
         meds = np.median(np.stack([padded[:-2], padded[1:-1], padded[2:]]), axis=0)
     level = np.interp(np.arange(n), centres, meds)
     if extrapolate and len(meds) >= 2:
-        head = np.arange(n) < centres[0]
-        tail = np.arange(n) > centres[-1]
-        level[head] = meds[0] + (np.flatnonzero(head) - centres[0]) * (meds[1] - meds[0]) / (centres[1] - centres[0])
-        level[tail] = meds[-1] + (np.flatnonzero(tail) - centres[-1]) * (meds[-1] - meds[-2]) / (
-            centres[-1] - centres[-2]
-        )
+        rows = np.arange(n)
+        head, tail = rows < centres[0], rows > centres[-1]
+        level[head] = meds[0] + (rows[head] - centres[0]) * (meds[1] - meds[0]) / (centres[1] - centres[0])
+        level[tail] = meds[-1] + (rows[tail] - centres[-1]) * (meds[-1] - meds[-2]) / (centres[-1] - centres[-2])
     return level
 
 
@@ -92,12 +92,9 @@ class BucketFit:
 
 
 def bucket_fit(y: np.ndarray, groups: np.ndarray, size: int, segment: np.ndarray | None = None) -> BucketFit:
-    """Fit log-metric = shared trend + constant offset per bucket, and a rolling MAD scale.
-
-    Loss levels differ by length bucket, so a spike must be judged against its own bucket's level.
-    Offsets come from the jumps at bucket changes (the trend barely moves in one step), so they stay
-    right even when buckets arrive in runs long enough for a smoother to follow them.
-    """
+    """Fit log-metric = shared trend + constant offset per bucket, and a rolling MAD scale: a spike is judged
+    against its own bucket's level. Offsets come from the jumps at bucket changes (the trend barely moves in one
+    step), so they stay right even when buckets arrive in runs long enough for a smoother to follow them."""
     n = len(y)
     labels, inverse = np.unique(groups, return_inverse=True)
     ok = np.isfinite(y)
@@ -119,7 +116,7 @@ def bucket_fit(y: np.ndarray, groups: np.ndarray, size: int, segment: np.ndarray
 
 
 def transition_offsets(
-    y: np.ndarray, groups: np.ndarray, k: int, segment: np.ndarray | None = None, max_loop: int = 20000
+    y: np.ndarray, groups: np.ndarray, k: int, segment: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-group level offsets (weighted mean 0) from the median jump at each change of group.
 
@@ -135,7 +132,7 @@ def transition_offsets(
     left_end = right - 1
     jump = y[right] - y[left_end]
     long_both = (lengths[:-1] >= 5) & (lengths[1:] >= 5)
-    idx = np.flatnonzero(long_both)[:max_loop]
+    idx = np.flatnonzero(long_both)[:MAX_LONG_JUMPS]
     for i in idx:
         lo = max(starts[i], left_end[i] - 4)
         jump[i] = np.nanmedian(y[right[i] : right[i] + 5]) - np.nanmedian(y[lo : left_end[i] + 1])
@@ -246,13 +243,10 @@ class Levels:
 
 
 def mixture_levels(x: np.ndarray, max_k: int = 4, sample: int = 20000, seed: int = 0) -> Levels | None:
-    """A 1-D Gaussian mixture chosen by BIC; None unless it finds >= 2 well separated levels.
-
-    Separated means Ashman's D = sqrt(2) |mu_a - mu_b| / sqrt(sd_a^2 + sd_b^2) >= SEPARATION for
-    adjacent levels (2 is the usual bound for a clearly bimodal pair) and each level holding at least
-    MIN_SHARE of the rows, so a heavy-tailed or skewed single mode (which a mixture also fits better
-    than one Gaussian, with a narrow and a wide component) does not count as several.
-    """
+    """A 1-D Gaussian mixture chosen by BIC; None unless it finds >= 2 well separated levels: adjacent levels at
+    Ashman's D = sqrt(2) |mu_a - mu_b| / sqrt(sd_a^2 + sd_b^2) >= SEPARATION (2 bounds a clearly bimodal pair),
+    each holding MIN_SHARE of the rows, so that a heavy-tailed or skewed single mode (which a mixture also fits
+    better than one Gaussian, with a narrow and a wide component) does not count as several."""
     ok = np.flatnonzero(np.isfinite(x))
     if len(ok) < 100:
         return None
@@ -275,10 +269,6 @@ def mixture_levels(x: np.ndarray, max_k: int = 4, sample: int = 20000, seed: int
     labels = np.full(len(x), -1, dtype=np.int64)
     labels[ok] = np.argmax(_log_resp(x[ok], w, mu, sd), axis=1)
     return Levels(labels=labels, means=mu, shares=w)
-
-
-SEPARATION = 2.0
-MIN_SHARE = 0.03
 
 
 def _log_resp(v: np.ndarray, w: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -21,48 +22,38 @@ INTERLEAVED_MAX_R1 = -0.05
 def _batch_order(ctx: Context) -> dict[str, float] | None:
     """Same-bucket run statistics of the micro-batch sequence, shared with bucket_loss_modes."""
     seq = ctx.t.bucket_seq
-    out = None
-    if len(seq) >= 50:
-        limit = ctx.run.setting("data", "max_same_bucket_run")
-        limit = int(limit) if isinstance(limit, int | float) and limit >= 1 else DEFAULT_MAX_RUN
-        # when one bucket holds most batches, the sampler can only bound runs at `run_bound` (its `data`
-        # record says so): runs the counts force are a property of the data, not a batching bug
-        forced = [r.get("run_bound") for r in ctx.run.of_kind("data") if isinstance(r.get("run_bound"), int)]
-        limit = max([limit, *forced])
-        _, lengths, values = stats.runs(seq)
-        over = lengths > limit
-        counts = np.bincount(seq[seq >= 0]) if (seq >= 0).any() else np.zeros(1)
-        shares = counts / max(1, counts.sum())
-        r1 = lag1_autocorr(seq)
-        out = {
-            "limit": limit,
-            "max_run": int(lengths.max()),
-            "runs_over_limit": int(over.sum()),
-            "share_in_long_runs": float(lengths[over].sum() / len(seq)),
-            "top_share": float(shares.max()),
-            "top_bucket": int(np.argmax(shares)),
-            "buckets": int((counts > 0).sum()),
-            "lag1_autocorr": r1,
-            "mean_run": float(lengths.mean()),
-        }
-        out["violated"] = float(
-            out["share_in_long_runs"] >= 0.05 or out["max_run"] >= 3 * limit or (math.isfinite(r1) and r1 >= 0.5)
-        )
-    elif ctx.loss_levels is not None:
-        out = _level_order(ctx, ctx.loss_levels)
-    elif np.isfinite(ctx.t.get("seq_len_max")).sum() >= 100:
+    if len(seq) < 50:
+        if ctx.loss_levels is not None:
+            return _level_order(ctx, ctx.loss_levels)
         lengths = ctx.t.get("seq_len_max")
+        if np.isfinite(lengths).sum() < 100:
+            return None
         r1 = lag1_autocorr(lengths[np.isfinite(lengths)])
-        out = {"lag1_autocorr": r1, "violated": float(math.isfinite(r1) and r1 >= 0.5)}
-    return out
+        return {"lag1_autocorr": r1, "violated": float(math.isfinite(r1) and r1 >= 0.5)}
+    limit = ctx.run.setting("data", "max_same_bucket_run")
+    limit = int(limit) if isinstance(limit, int | float) and limit >= 1 else DEFAULT_MAX_RUN
+    # when one bucket holds most batches, the sampler can only bound runs at `run_bound` (its `data`
+    # record says so): runs the counts force are a property of the data, not a batching bug
+    forced = [r.get("run_bound") for r in ctx.run.of_kind("data") if isinstance(r.get("run_bound"), int)]
+    limit = max([limit, *forced])
+    _, lengths, _ = stats.runs(seq)
+    over = lengths > limit
+    counts = np.bincount(seq[seq >= 0]) if (seq >= 0).any() else np.zeros(1)
+    shares = counts / max(1, counts.sum())
+    r1 = lag1_autocorr(seq)
+    share_long = float(lengths[over].sum() / len(seq))
+    return {
+        "limit": limit, "max_run": int(lengths.max()), "runs_over_limit": int(over.sum()),
+        "share_in_long_runs": share_long, "top_share": float(shares.max()), "top_bucket": int(np.argmax(shares)),
+        "buckets": int((counts > 0).sum()), "lag1_autocorr": r1, "mean_run": float(lengths.mean()),
+        "violated": float(share_long >= 0.05 or lengths.max() >= 3 * limit or (math.isfinite(r1) and r1 >= 0.5)),
+    }
 
 
 def _level_order(ctx: Context, levels: stats.Levels) -> dict[str, float]:
-    """Whether loss levels alternate like interleaved buckets, for a log without bucket ids.
-
-    With buckets interleaved, a high-loss batch is followed by another bucket's, so the detrended loss
-    is anti-correlated from one record to the next; drawn at random (or in runs) it is not.
-    """
+    """Whether loss levels alternate like interleaved buckets, for a log without bucket ids: interleaved, a
+    high-loss batch is followed by another bucket's, so the detrended loss is anti-correlated from one record
+    to the next; drawn at random (or in runs) it is not."""
     keep = (levels.labels >= 0) & ~ctx.unreliable & ctx.first_fall_done
     seq = levels.labels[keep]
     _, lengths, _ = stats.runs(seq)
@@ -87,7 +78,7 @@ def _homogeneous_updates(ctx: Context) -> Finding | None:
     """Updates of several micro-batches (ranks x accumulation) that each hold one length bucket:
     the interleave holds across updates, yet every update's gradient and loss are one bucket's."""
     t = ctx.t
-    counts = np.bincount(t.bucket_row, minlength=ctx.n) if len(t.bucket_row) else np.zeros(ctx.n, dtype=int)
+    counts = np.bincount(t.bucket_row, minlength=ctx.n)
     multi = np.flatnonzero(counts >= 2)
     if len(multi) < 50 or len(np.unique(t.bucket_seq)) < 2:
         return None
@@ -96,9 +87,7 @@ def _homogeneous_updates(ctx: Context) -> Finding | None:
     if share < 0.5:
         return None
     return Finding(
-        code="homogeneous_batches",
-        severity="warning",
-        steps=(ctx.step_at(int(multi[0])), ctx.step_at(int(multi[-1]))),
+        code="homogeneous_batches", severity="warning", steps=(ctx.step_at(int(multi[0])), ctx.step_at(int(multi[-1]))),
         summary=(f"{100 * share:.0f}% of the {len(multi)} updates of several micro-batches hold a single length "
                  "bucket: each update's gradient and loss are one bucket's"),
         evidence={"updates_multi_microbatch": float(len(multi)), "share_single_bucket": share},
@@ -108,13 +97,17 @@ def _homogeneous_updates(ctx: Context) -> Finding | None:
     )
 
 
-def homogeneous_batches(ctx: Context) -> list[Finding]:
+def homogeneous_batches(ctx: Context) -> Iterator[Finding]:
     updates = _homogeneous_updates(ctx)
     info = _batch_order(ctx)
-    if not info or not info["violated"]:
-        return [updates] if updates else []
-    if info.get("from_loss_levels"):
-        return [_homogeneous_from_levels(ctx, info)]
+    if info and info["violated"]:
+        yield _homogeneous_from_levels(ctx, info) if info.get("from_loss_levels") else _long_runs(ctx, info, updates)
+    elif updates:
+        yield updates
+
+
+def _long_runs(ctx: Context, info: dict, updates: Finding | None) -> Finding:
+    """The finding when the logged bucket ids (or batch lengths) come in runs."""
     parts = []
     if "max_run" in info:
         parts.append(
@@ -128,31 +121,25 @@ def homogeneous_batches(ctx: Context) -> list[Finding]:
         parts.append(updates.summary)
     modes = _bucket_modes(ctx)
     strong = modes is not None and modes["eta2"] >= 0.2 and info.get("max_run", 0) >= 8
-    return [
-        Finding(
-            code="homogeneous_batches",
-            severity="error" if strong else "warning",
-            steps=ctx.whole_log,
-            summary="batches come in long runs of one length bucket: " + "; ".join(parts),
-            evidence={**{k: v for k, v in info.items() if k != "violated"}, **(updates.evidence if updates else {})},
-            advice=(
-                "Interleave buckets proportionally (data.interleave=true, data.max_same_bucket_run=3) so every "
-                "bucket drains at the same pace; consecutive long batches whip the gradient around."
-            ),
-            weight=info.get("share_in_long_runs", 0.0)
-            + max(0.0, info["lag1_autocorr"] if math.isfinite(info["lag1_autocorr"]) else 0.0),
-            spans=_long_run_spans(ctx, info),
-        )
-    ]
+    return Finding(
+        code="homogeneous_batches", severity="error" if strong else "warning", steps=ctx.whole_log,
+        summary="batches come in long runs of one length bucket: " + "; ".join(parts),
+        evidence={**{k: v for k, v in info.items() if k != "violated"}, **(updates.evidence if updates else {})},
+        advice=(
+            "Interleave buckets proportionally (data.interleave=true, data.max_same_bucket_run=3) so every "
+            "bucket drains at the same pace; consecutive long batches whip the gradient around."
+        ),
+        weight=info.get("share_in_long_runs", 0.0)
+        + max(0.0, info["lag1_autocorr"] if math.isfinite(info["lag1_autocorr"]) else 0.0),
+        spans=_long_run_spans(ctx, info),
+    )
 
 
 def _homogeneous_from_levels(ctx: Context, info: dict) -> Finding:
     pairs = zip(info["level_ratios"], info["level_shares"], strict=True)
     ratios = ", ".join(f"x{r:.2f} ({100 * sh:.0f}%)" for r, sh in pairs)
     return Finding(
-        code="homogeneous_batches",
-        severity="warning",
-        steps=ctx.whole_log,
+        code="homogeneous_batches", severity="warning", steps=ctx.whole_log,
         summary=(
             f"likely: the log names no buckets, but its loss has {info['levels']} distinct levels "
             f"({ratios} of records) that follow each other at random (lag-1 autocorrelation "
@@ -176,38 +163,31 @@ def _long_run_spans(ctx: Context, info: dict[str, float]) -> list[tuple[int, int
     starts, lengths, _ = stats.runs(ctx.t.bucket_seq)
     big = np.argsort(lengths)[::-1][:50]
     rows = ctx.t.bucket_row
-    return sorted(
-        (ctx.step_at(rows[starts[i]]), ctx.step_at(rows[starts[i] + lengths[i] - 1]))
-        for i in big
-        if lengths[i] > info["limit"]
-    )
+    long = [i for i in big if lengths[i] > info["limit"]]
+    return sorted((ctx.step_at(rows[starts[i]]), ctx.step_at(rows[starts[i] + lengths[i] - 1])) for i in long)
 
 
 @shared
 def _bucket_modes(ctx: Context) -> dict[str, float] | None:
     """Share of the loss's spread explained by the bucket (eta^2 of the detrended log loss)."""
     fit = ctx.loss_fit
-    out = None
-    if fit is not None and len(fit.labels) >= 2:
-        ok = np.isfinite(fit.resid) & (ctx.groups >= 0)
-        if ok.sum() >= 100:
-            total = fit.offset[ok] + fit.resid[ok]
-            var_total = float(np.var(total))
-            var_between = float(np.var(fit.offset[ok]))
-            labels = fit.labels
-            present = [int(j) for j in range(len(labels)) if labels[j] >= 0]
-            offsets = {
-                int(labels[j]): float(fit.offset[fit.groups == j][0]) for j in present if (fit.groups == j).any()
-            }
-            spread = math.exp(max(offsets.values()) - min(offsets.values())) if offsets else 1.0
-            out = {"eta2": var_between / var_total if var_total > 0 else 0.0, "spread": spread, "offsets": offsets}
-    return out
+    if fit is None or len(fit.labels) < 2:
+        return None
+    ok = np.isfinite(fit.resid) & (ctx.groups >= 0)
+    if ok.sum() < 100:
+        return None
+    var_total = float(np.var(fit.offset[ok] + fit.resid[ok]))
+    var_between = float(np.var(fit.offset[ok]))
+    present = [j for j, label in enumerate(fit.labels) if label >= 0 and (fit.groups == j).any()]
+    offsets = {int(fit.labels[j]): float(fit.offset[fit.groups == j][0]) for j in present}
+    spread = math.exp(max(offsets.values()) - min(offsets.values())) if offsets else 1.0
+    return {"eta2": var_between / var_total if var_total > 0 else 0.0, "spread": spread, "offsets": offsets}
 
 
-def bucket_loss_modes(ctx: Context) -> list[Finding]:
+def bucket_loss_modes(ctx: Context) -> Iterator[Finding]:
     modes = _bucket_modes(ctx)
     if modes is None or modes["eta2"] < 0.25 or modes["spread"] < 1.15:
-        return []
+        return
     order = _batch_order(ctx)
     homogeneous = bool(order and order["violated"])
     inferred = ctx.loss_levels is not None
@@ -236,14 +216,8 @@ def bucket_loss_modes(ctx: Context) -> list[Finding]:
             "of the step-to-step spread, so the bands in the curve are buckets, not instability"
         )
         advice = "Nothing to fix; read the loss per bucket (the report's per-bucket plot) when comparing runs."
-    return [
-        Finding(
-            code="bucket_loss_modes",
-            severity="warning" if homogeneous else "info",
-            steps=ctx.whole_log,
-            summary=summary,
-            evidence=evidence,
-            advice=advice,
-            weight=modes["eta2"],
-        )
-    ]
+    yield Finding(
+        code="bucket_loss_modes", severity="warning" if homogeneous else "info", steps=ctx.whole_log,
+        summary=summary, evidence=evidence, advice=advice,
+        weight=modes["eta2"],
+    )

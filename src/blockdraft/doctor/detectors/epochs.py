@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -11,17 +12,19 @@ from blockdraft.doctor.context import Context
 from blockdraft.doctor.findings import Finding
 
 
-def epoch_accounting(ctx: Context) -> list[Finding]:
+def epoch_accounting(ctx: Context) -> Iterator[Finding]:
     t = ctx.t
     seg0 = t.segment == t.segment[0] if ctx.n else np.zeros(0, dtype=bool)
     rows = np.flatnonzero(seg0 & np.isfinite(ctx.step))
     if len(rows) < 50:
-        return []
+        return
+    if t.has("epoch_pos"):
+        yield from _fractional_epoch(ctx, rows)
+        return
     steps = ctx.step[rows]
     problems: list[str] = []
     evidence: dict[str, float] = {}
-    if t.has("epoch_pos"):
-        return _fractional_epoch(ctx, rows)
+    epochs_cfg = ctx.run.setting("train", "epochs")
     epoch, ep, prog = t.get("epoch")[rows], t.get("epoch_progress")[rows], t.get("progress")[rows]
     implied_spe = math.nan
     if np.isfinite(ep).sum() >= 50:
@@ -29,15 +32,14 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
             problems.append(f"epoch_progress leaves [0, 1] (range {np.nanmin(ep):.3g}..{np.nanmax(ep):.3g})")
         pos = (np.nan_to_num(epoch, nan=0.0) if np.isfinite(epoch).any() else 0.0) + ep
         ok = np.isfinite(pos)
-        if np.isfinite(epoch).any():
-            back = np.diff(epoch[np.isfinite(epoch)]) < 0
-            if back.any():
-                problems.append("the epoch counter goes backwards within one run segment")
+        if np.isfinite(epoch).any() and (np.diff(epoch[np.isfinite(epoch)]) < 0).any():
+            problems.append("the epoch counter goes backwards within one run segment")
         slope = stats.slope(steps[ok], pos[ok])
         if slope > 0:
             implied_spe = 1.0 / slope
             evidence["steps_per_epoch_from_epoch"] = implied_spe
     implied_total = math.nan
+    epoch_is_progress = False
     if np.isfinite(prog).sum() >= 50:
         slope = stats.slope(steps[np.isfinite(prog)], prog[np.isfinite(prog)])
         if slope > 0:
@@ -45,12 +47,9 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
             evidence["total_steps_from_progress"] = implied_total
         if np.isfinite(ep).sum() >= 50:
             both = np.isfinite(ep) & np.isfinite(prog)
-            epochs_cfg = ctx.run.setting("train", "epochs")
-            if (
-                np.nanmax(np.abs(ep[both] - prog[both])) < 1e-6
-                and isinstance(epochs_cfg, int | float)
-                and epochs_cfg > 1
-            ):
+            same = np.nanmax(np.abs(ep[both] - prog[both])) < 1e-6
+            epoch_is_progress = bool(same and isinstance(epochs_cfg, int | float) and epochs_cfg > 1)
+            if epoch_is_progress:
                 problems.append(f"epoch_progress equals progress of the whole run although epochs={epochs_cfg:g}")
     total = ctx.run.run_value("total_steps")
     replanned = ctx.run.schedule_plan is not None  # progress counted against each plan in turn, by design
@@ -71,23 +70,17 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
                 f"epochs advance every {implied_spe:.0f} steps but batches_per_epoch={bpe:g} "
                 f"(grad_accum={accum}, world_size={world})"
             )
-    epochs_cfg = ctx.run.setting("train", "epochs")
-    max_steps = ctx.run.setting("train", "max_steps")
-    if (
-        isinstance(epochs_cfg, int | float)
-        and max_steps is None
-        and not replanned  # a time budget ends the run before its epochs, by design
-        and math.isfinite(implied_spe)
-        and math.isfinite(implied_total)
-    ):
+    # not after a re-plan: a time budget ends the run before its epochs, by design
+    implied = math.isfinite(implied_spe) and math.isfinite(implied_total) and not replanned
+    if isinstance(epochs_cfg, int | float) and ctx.run.setting("train", "max_steps") is None and implied:
         expected_total = implied_spe * epochs_cfg
         evidence["total_steps_from_epochs"] = expected_total
-        if abs(expected_total / implied_total - 1) > 0.1 and not any("progress equals" in p for p in problems):
+        if abs(expected_total / implied_total - 1) > 0.1 and not epoch_is_progress:
             problems.append(
                 f"{epochs_cfg:g} epochs of {implied_spe:.0f} steps make {expected_total:.0f} steps, "
                 f"but progress counts to {implied_total:.0f}"
             )
-    return _finding(
+    yield from _finding(
         ctx, rows, problems, "epoch bookkeeping is inconsistent: " + "; ".join(problems), evidence,
         "Count epochs in optimizer steps of this run (batches / grad_accum / world size) and log "
         "epoch_progress per epoch and progress per run; LR schedules and ETAs built on a wrong count "
@@ -97,36 +90,25 @@ def epoch_accounting(ctx: Context) -> list[Finding]:
 
 def _finding(
     ctx: Context, rows: np.ndarray, problems: list[str], summary: str, evidence: dict[str, float], advice: str
-) -> list[Finding]:
+) -> Iterator[Finding]:
     """The epoch_accounting finding over the checked rows, weighted by its problems; none without any."""
-    if not problems:
-        return []
-    return [
-        Finding(
-            code="epoch_accounting",
-            severity="warning",
-            steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
-            summary=summary,
-            evidence=evidence,
-            advice=advice,
-            weight=float(len(problems)),
+    if problems:
+        yield Finding(
+            code="epoch_accounting", severity="warning", steps=(ctx.step_at(rows[0]), ctx.step_at(rows[-1])),
+            summary=summary, evidence=evidence, advice=advice, weight=float(len(problems)),
         )
-    ]
 
 
-def _fractional_epoch(ctx: Context, rows: np.ndarray) -> list[Finding]:
+def _fractional_epoch(ctx: Context, rows: np.ndarray) -> Iterator[Finding]:
     """A foreign log's fractional `epoch`: which fraction it is (of one epoch or of the run), said plainly.
-
-    Steps per epoch come from its slope; the run's length from the config (total steps, epochs) or,
-    failing that, from where the logged LR decay ends. A value that stays below 1 while the run has
-    several epochs is the fraction of ONE epoch: read as the run's progress it overstates it.
-    """
+    Steps per epoch come from its slope, the run's length from the config or else from where the logged LR
+    decay ends. A value below 1 while the run has several epochs is the fraction of ONE epoch."""
     pos = ctx.t.get("epoch_pos")[rows]
     updates = ctx.update[rows]
     ok = np.isfinite(pos)
     slope = stats.slope(updates[ok], pos[ok])
     if not slope > 0:
-        return []
+        return
     per_epoch = 1.0 / slope
     last_row = rows[np.flatnonzero(ok)[-1]]
     last, at = float(ctx.t.get("epoch_pos")[last_row]), ctx.step_at(last_row)
@@ -166,7 +148,7 @@ def _fractional_epoch(ctx: Context, rows: np.ndarray) -> list[Finding]:
                 f"{run_share:.1f}% done, not {100 * last:.0f}%"
             )
             evidence["run_progress_pct"] = run_share
-    return _finding(
+    yield from _finding(
         ctx, rows, problems, "; ".join(problems), evidence,
         "Log the epoch as an integer plus epoch_progress (0..1 of this epoch) and progress (0..1 of the "
         "run), counted in optimizer steps (batches / grad_accum / world size); warmup, LR schedule and ETA "

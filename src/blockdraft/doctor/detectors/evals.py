@@ -3,6 +3,8 @@ real speculative decoding (tau_gap), and one earned by passing over too little d
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from blockdraft.doctor.context import Context
@@ -15,7 +17,7 @@ MANY_EPOCHS = 10
 SMALL_DATA = 5_000  # samples: a few passes over fewer than this learns the samples, not the target
 
 
-def tau_gap(ctx: Context) -> list[Finding]:
+def tau_gap(ctx: Context) -> Iterator[Finding]:
     pairs = []
     for rec in ctx.run.of_kind("eval"):
         tau, step = rec.get("tau"), rec.get("step")
@@ -23,48 +25,42 @@ def tau_gap(ctx: Context) -> list[Finding]:
             continue
         train = rec.get("tau_est_train")
         if not isinstance(train, int | float):
-            rows = np.flatnonzero((ctx.step <= step) & (ctx.step > step - 100))
-            vals = ctx.t.get("tau_est")[rows] if len(rows) else np.zeros(0)
+            vals = ctx.t.get("tau_est")[(ctx.step <= step) & (ctx.step > step - 100)]
             vals = vals[np.isfinite(vals)]
             if not len(vals):
                 continue
             train = float(np.median(vals))
         pairs.append((int(step), float(tau), float(train)))
     if not pairs:
-        return []
-    ratios = np.array([train / tau for _, tau, train in pairs])
-    ratio = float(np.median(ratios))
+        return
+    ratio = float(np.median([train / tau for _, tau, train in pairs]))
     if ratio < INFO_RATIO:
-        return []
+        return
     last_step, last_tau, last_train = pairs[-1]
-    return [
-        Finding(
-            code="tau_gap",
-            severity="warning" if ratio >= WARN_RATIO else "info",
-            steps=(pairs[0][0], last_step),
-            summary=(
-                f"training estimates tau {last_train:.2f} but real speculative decoding measured {last_tau:.2f} "
-                f"at step {last_step} (median ratio {ratio:.2f} over {len(pairs)} evals)"
-            ),
-            evidence={"evals": len(pairs), "median_ratio": ratio, "tau": last_tau, "tau_est_train": last_train},
-            advice=(
-                "tau_est assumes training-time conditions: check that eval uses the same block size, mask token "
-                "and target layers, that labels match the target's own outputs (regenerate data on-policy), and "
-                "that noise is off at eval."
-            ),
-            weight=ratio,
-            spans=[(s, s) for s, _, _ in pairs],
-        )
-    ]
+    yield Finding(
+        code="tau_gap", severity="warning" if ratio >= WARN_RATIO else "info", steps=(pairs[0][0], last_step),
+        summary=(
+            f"training estimates tau {last_train:.2f} but real speculative decoding measured {last_tau:.2f} "
+            f"at step {last_step} (median ratio {ratio:.2f} over {len(pairs)} evals)"
+        ),
+        evidence={"evals": len(pairs), "median_ratio": ratio, "tau": last_tau, "tau_est_train": last_train},
+        advice=(
+            "tau_est assumes training-time conditions: check that eval uses the same block size, mask token "
+            "and target layers, that labels match the target's own outputs (regenerate data on-policy), and "
+            "that noise is off at eval."
+        ),
+        weight=ratio,
+        spans=[(s, s) for s, _, _ in pairs],
+    )
 
 
-def data_repetition(ctx: Context) -> list[Finding]:
+def data_repetition(ctx: Context) -> Iterator[Finding]:
     """Many passes over the data, or more than a few over a small set: tau_est on training batches then
     measures memorised samples, not how often the target will accept the drafts."""
     epoch = ctx.t.get("epoch")
     ok = np.isfinite(epoch)
     if not ok.any():
-        return []
+        return
     progress = ctx.t.get("epoch_progress")
     passes = epoch[ok] + np.where(np.isfinite(progress[ok]), progress[ok], 0.0)
     done = float(np.max(passes))
@@ -72,25 +68,21 @@ def data_repetition(ctx: Context) -> list[Finding]:
     samples = data[-1].get("samples_used") if data else None
     small = isinstance(samples, int | float) and 0 < samples < SMALL_DATA
     if done < MANY_EPOCHS and not (small and done >= RECIPE_EPOCHS * 2 / 3):
-        return []
+        return
     severe = done >= MANY_EPOCHS or (small and done >= 0.95 * RECIPE_EPOCHS)
     tau = ctx.t.get("tau_est")
     rows = np.flatnonzero(ok & np.isfinite(tau))
     last_tau = float(np.median(tau[rows[-50:]])) if len(rows) else float("nan")
     of = f" over {int(samples):,} samples" if isinstance(samples, int | float) else ""
     steps = ctx.step[np.flatnonzero(ok)]
-    return [
-        Finding(
-            code="data_repetition",
-            severity="warning" if severe else "info",
-            steps=(int(steps[0]), int(steps[-1])),
-            summary=(f"{done:.1f} passes{of}: training tau_est ({last_tau:.2f} at the end) is measured on samples "
-                     "the drafter has seen many times"),
-            evidence={"epochs": done, "samples": float(samples) if isinstance(samples, int | float) else float("nan"),
-                      "tau_est_last": last_tau},
-            advice=(f"Regenerate answers for more prompts (the recipe makes {RECIPE_EPOCHS} passes over ~800K) or "
-                    "train fewer epochs; measure tau on held-out prompts (eval.prompts with train.eval_every, or "
-                    "blockdraft eval) rather than trusting tau_est."),
-            weight=done / RECIPE_EPOCHS,
-        )
-    ]
+    yield Finding(
+        code="data_repetition", severity="warning" if severe else "info", steps=(int(steps[0]), int(steps[-1])),
+        summary=(f"{done:.1f} passes{of}: training tau_est ({last_tau:.2f} at the end) is measured on samples "
+                 "the drafter has seen many times"),
+        evidence={"epochs": done, "samples": float(samples) if isinstance(samples, int | float) else float("nan"),
+                  "tau_est_last": last_tau},
+        advice=(f"Regenerate answers for more prompts (the recipe makes {RECIPE_EPOCHS} passes over ~800K) or "
+                "train fewer epochs; measure tau on held-out prompts (eval.prompts with train.eval_every, or "
+                "blockdraft eval) rather than trusting tau_est."),
+        weight=done / RECIPE_EPOCHS,
+    )

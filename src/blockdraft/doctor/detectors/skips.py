@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -12,21 +13,18 @@ from blockdraft.doctor.findings import Finding, plural
 from blockdraft.doctor.run import NAN_WATCH
 
 
-def nonfinite(ctx: Context) -> list[Finding]:
+def nonfinite(ctx: Context) -> Iterator[Finding]:
     t = ctx.t
-    fields = [name for name in NAN_WATCH if name in t.cols]
+    flagged = {name: t.nonfinite(name) for name in NAN_WATCH if name in t.cols}
+    per_field = {name: int(rows.sum()) for name, rows in flagged.items() if rows.any()}
     bad = np.zeros(ctx.n, dtype=bool)
-    per_field = {}
-    for name in fields:
-        rows = t.nonfinite(name)
-        if rows.any():
-            per_field[name] = int(rows.sum())
-            bad |= rows
+    for rows in flagged.values():
+        bad |= rows
     if not bad.any():
-        return []
+        return
     rows = np.flatnonzero(bad)
-    skipped = t.get("skipped")[rows] > 0
-    guarded = bool(skipped.all()) and "lr" not in per_field
+    unguarded = int(np.sum(~(t.get("skipped")[rows] > 0)))  # a missing `skipped` counts as applied
+    guarded = unguarded == 0 and "lr" not in per_field
     first, last = ctx.step_at(rows[0]), ctx.step_at(rows[-1])
     fields_text = ", ".join(f"{k} x{v}" for k, v in per_field.items())
     if guarded:
@@ -37,51 +35,40 @@ def nonfinite(ctx: Context) -> list[Finding]:
         )
     else:
         summary = (
-            f"{plural(len(rows), 'step')} had non-finite values ({fields_text}) and {int((~skipped).sum())} "
-            f"{'was' if (~skipped).sum() == 1 else 'were'} applied"
+            f"{plural(len(rows), 'step')} had non-finite values ({fields_text}) and {unguarded} "
+            f"{'was' if unguarded == 1 else 'were'} applied"
         )
         advice = (
             "Weights after the first unguarded step may be corrupt: resume from the last checkpoint "
             "before it (run `blockdraft ckpt-scan`), and enable the finite-value guard."
         )
-    return [
-        Finding(
-            code="nonfinite",
-            severity="warning" if guarded else "error",
-            steps=(first, last),
-            summary=summary,
-            evidence={
-                "rows": len(rows),
-                "unguarded": int((~skipped).sum()),
-                **{f"{k}_rows": v for k, v in per_field.items()},
-            },
-            advice=advice,
-            weight=float(len(rows)),
-            spans=[(ctx.step_at(r), ctx.step_at(r)) for r in rows[:200]],
-        )
-    ]
+    yield Finding(
+        code="nonfinite", severity="warning" if guarded else "error", steps=(first, last),
+        summary=summary,
+        evidence={"rows": len(rows), "unguarded": unguarded, **{f"{k}_rows": v for k, v in per_field.items()}},
+        advice=advice,
+        weight=float(len(rows)),
+        spans=[(ctx.step_at(r), ctx.step_at(r)) for r in rows[:200]],
+    )
 
 
-def skipped_steps(ctx: Context) -> list[Finding]:
+def skipped_steps(ctx: Context) -> Iterator[Finding]:
     t = ctx.t
     skipped = t.get("skipped") > 0
-    for name in ("loss", "grad_norm"):
-        if name in t.cols:
-            skipped &= ~t.nonfinite(name)
+    for name in ("loss", "grad_norm"):  # those are nonfinite's
+        skipped &= ~t.nonfinite(name)
     rows = np.flatnonzero(skipped)
     rollbacks = ctx.run.of_kind("rollback")
     skip_records = [r for r in ctx.run.of_kind("skip") if not _nonfinite_reason(r.get("reason"))]
     if not len(rows) and not rollbacks and not skip_records:
-        return []
+        return
     count = max(len(rows), len(skip_records))
     reasons = Counter(t.skip_reasons.get(int(r), "unknown") for r in rows)
-    for rec in skip_records:
-        if not len(rows):
-            reasons[str(rec.get("reason") or "unknown")] += 1
+    if not len(rows):
+        reasons.update(str(rec.get("reason") or "unknown") for rec in skip_records)
     spans = [(ctx.step_at(a), ctx.step_at(b)) for a, b in stats.events(skipped, max_gap=5)]
     if not spans:
-        steps_list = [int(r.get("step", 0)) for r in skip_records + rollbacks]
-        spans = [(s, s) for s in steps_list]
+        spans = [(s, s) for s in (int(r.get("step", 0)) for r in skip_records + rollbacks)]
     frac = count / max(1, ctx.n)
     longest = max((b - a + 1 for a, b in spans), default=0)
     severity = "warning" if (count >= 4 or frac >= 1e-3 or rollbacks) else "info"
@@ -95,21 +82,17 @@ def skipped_steps(ctx: Context) -> list[Finding]:
     if rollbacks:
         targets = ", ".join(str(r.get("to_step")) for r in rollbacks[:5])
         parts.append(f"{plural(len(rollbacks), 'rollback')} to an earlier checkpoint (to step {targets})")
-    return [
-        Finding(
-            code="skipped_steps",
-            severity=severity,
-            steps=(min(a for a, _ in spans), max(b for _, b in spans)),
-            summary="; ".join(parts),
-            evidence={"skipped": count, "fraction": frac, "bursts": len(spans), "rollbacks": len(rollbacks)},
-            advice=(
-                "Skips hide bad batches rather than fix them: inspect the skip records' batch ids and buckets; "
-                "a burst means the model or the LR, not one batch, is the problem."
-            ),
-            weight=float(count),
-            spans=spans,
-        )
-    ]
+    yield Finding(
+        code="skipped_steps", severity=severity, steps=(min(a for a, _ in spans), max(b for _, b in spans)),
+        summary="; ".join(parts),
+        evidence={"skipped": count, "fraction": frac, "bursts": len(spans), "rollbacks": len(rollbacks)},
+        advice=(
+            "Skips hide bad batches rather than fix them: inspect the skip records' batch ids and buckets; "
+            "a burst means the model or the LR, not one batch, is the problem."
+        ),
+        weight=float(count),
+        spans=spans,
+    )
 
 
 def _nonfinite_reason(reason: object) -> bool:

@@ -4,6 +4,7 @@ graphs compiled after warm-up."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -14,13 +15,13 @@ UNEXPLAINED_STALL_S = 30.0
 BIG_STALL_S = 300.0
 COSTLY_STALL_S = 120.0
 CHECKPOINT_STALL_S = 10.0
+ROUND_STEPS = 500
+WARMUP_UPDATES = 20  # a process compiles its graphs in its first updates; later growth is a recompile
 
 
 def stall_threshold(seconds_per_step: float) -> float:
     """How long a checkpoint may hold the loop before it is a stall: 10 s, or 5 typical updates."""
     return max(CHECKPOINT_STALL_S, 5.0 * seconds_per_step) if math.isfinite(seconds_per_step) else CHECKPOINT_STALL_S
-ROUND_STEPS = 500
-WARMUP_UPDATES = 20  # a process compiles its graphs in its first updates; later growth is a recompile
 
 
 @shared
@@ -43,14 +44,12 @@ def _at_gap_start(markers: np.ndarray, prev_step: np.ndarray, stride: float) -> 
     return hi > lo
 
 
-def checkpoint_stall(ctx: Context) -> list[Finding]:
+def checkpoint_stall(ctx: Context) -> Iterator[Finding]:
     ckpts = [r for r in ctx.run.of_kind("checkpoint") if isinstance(r.get("step"), int | float)]
     if not ckpts or ctx.n < 2:
-        return []
-    sec = ctx.seconds_per_step
-    threshold = stall_threshold(sec)
-    gaps = _gaps(ctx)
-    prev = np.concatenate([[-np.inf], ctx.step[:-1]])
+        return
+    threshold = stall_threshold(ctx.seconds_per_step)
+    gaps, prev = _gaps(ctx), ctx.prev_step
     ck_steps = np.array([float(r["step"]) for r in ckpts])
     row_after = np.searchsorted(ctx.step, ck_steps, side="right")
     stalls, missing, logging_only, spans = [], 0, 0, []
@@ -68,7 +67,7 @@ def checkpoint_stall(ctx: Context) -> list[Finding]:
                 logging_only += 1
             spans.append((int(s), int(ctx.step[row]) if row < ctx.n else int(s)))
     if not spans:
-        return []
+        return
     total_time = _run_seconds(ctx)
     worst = max(stalls)
     held = [f"worst {worst:.0f} s"] if worst > 0 else []
@@ -77,31 +76,22 @@ def checkpoint_stall(ctx: Context) -> list[Finding]:
     parts = [f"{len(spans)} of {len(ckpts)} checkpoints held things up ({', '.join(held)})"]
     if logging_only:
         parts.append(f"in {logging_only} only logging stopped while training went on")
-    return [
-        Finding(
-            code="checkpoint_stall",
-            severity="warning",
-            steps=(spans[0][0], spans[-1][1]),
-            summary="; ".join(parts),
-            evidence={
-                "stalls": len(spans),
-                "checkpoints": len(ckpts),
-                "max_stall_s": worst,
-                "median_stall_s": float(np.median(stalls)),
-                "total_stall_s": float(np.sum(stalls)),
-                "share_of_run_time": float(np.sum(stalls)) / total_time if total_time > 0 else math.nan,
-                "missing_records": missing,
-                "logging_only": logging_only,
-                "threshold_s": threshold,
-            },
-            advice=(
-                "Stage the state between steps and write it in the background (train.save_every can also "
-                "be raised); never let a save block the logger, or the next metric window will mislead."
-            ),
-            weight=float(np.sum(stalls)) + missing,
-            spans=spans,
-        )
-    ]
+    yield Finding(
+        code="checkpoint_stall", severity="warning", steps=(spans[0][0], spans[-1][1]),
+        summary="; ".join(parts),
+        evidence={
+            "stalls": len(spans), "checkpoints": len(ckpts), "max_stall_s": worst,
+            "median_stall_s": float(np.median(stalls)), "total_stall_s": float(np.sum(stalls)),
+            "share_of_run_time": float(np.sum(stalls)) / total_time if total_time > 0 else math.nan,
+            "missing_records": missing, "logging_only": logging_only, "threshold_s": threshold,
+        },
+        advice=(
+            "Stage the state between steps and write it in the background (train.save_every can also "
+            "be raised); never let a save block the logger, or the next metric window will mislead."
+        ),
+        weight=float(np.sum(stalls)) + missing,
+        spans=spans,
+    )
 
 
 def _run_seconds(ctx: Context) -> float:
@@ -109,35 +99,32 @@ def _run_seconds(ctx: Context) -> float:
     return float(d.sum()) if len(d) else math.nan
 
 
-def logging_gap(ctx: Context) -> list[Finding]:
+def logging_gap(ctx: Context) -> Iterator[Finding]:
     """Lost step records and unexplained stalls; pauses on a fixed step period are scheduled work (info)."""
     if ctx.n < 3:
-        return []
+        return
     gaps = _gaps(ctx)
-    prev = np.concatenate([[np.nan], ctx.step[:-1]])
+    prev = ctx.prev_step
     explained = _at_gap_start(ctx.marker_steps("checkpoint"), prev, ctx.stride)
     explained |= _at_gap_start(ctx.marker_steps("eval"), prev, ctx.stride)
     explained |= _compiled(ctx) > 0  # late_recompile reports these
     lost = gaps["missing"] > 0
     stalled = gaps["excess"] >= _stall_threshold(ctx)
     rows = np.flatnonzero((lost | stalled) & ~explained)
-    if not len(rows):
-        return []
     pure_stall = rows[~lost[rows]]
     periodic, period = _periodic(prev[pure_stall], ctx.stride)
     scheduled = pure_stall[periodic]
-    findings = []
     rest = np.setdiff1d(rows, scheduled)
     if len(rest):
-        findings.append(_gap_finding(ctx, rest, gaps, prev, _gap_severity(ctx, rest, gaps), None))
+        yield _gap_finding(ctx, rest, _gap_severity(ctx, rest), None)
     if len(scheduled):
-        findings.append(_gap_finding(ctx, scheduled, gaps, prev, "info", period))
-    return findings
+        yield _gap_finding(ctx, scheduled, "info", period)
 
 
-def _gap_severity(ctx: Context, rows: np.ndarray, gaps: dict[str, np.ndarray]) -> str:
+def _gap_severity(ctx: Context, rows: np.ndarray) -> str:
     """Lost records always warn; pure stalls warn when long (5 min, 100 steps' time), frequent, or costly
     (5% of the run's wall time and at least two minutes)."""
+    gaps = _gaps(ctx)
     if (gaps["missing"][rows] > 0).any():
         return "warning"
     excess = gaps["excess"][rows]
@@ -153,9 +140,8 @@ def _stall_threshold(ctx: Context) -> float:
     return max(UNEXPLAINED_STALL_S, 10.0 * sec) if math.isfinite(sec) else math.inf
 
 
-def _gap_finding(
-    ctx: Context, rows: np.ndarray, gaps: dict[str, np.ndarray], prev: np.ndarray, severity: str, period: int | None
-) -> Finding:
+def _gap_finding(ctx: Context, rows: np.ndarray, severity: str, period: int | None) -> Finding:
+    gaps, prev = _gaps(ctx), ctx.prev_step
     lost = gaps["missing"][rows] > 0
     missing = int(gaps["missing"][rows].sum())
     stall_rows = rows[gaps["excess"][rows] >= _stall_threshold(ctx)]
@@ -186,18 +172,12 @@ def _gap_finding(
             "let a save block the logger; a windowed monitor's next record after such a gap misleads."
         )
     return Finding(
-        code="logging_gap",
-        severity=severity,
-        steps=(spans[0][0], spans[-1][1]),
+        code="logging_gap", severity=severity, steps=(spans[0][0], spans[-1][1]),
         summary="; ".join(parts),
         evidence={
-            "gaps": len(rows),
-            "missing_records": missing,
-            "stalls": len(stall_rows),
+            "gaps": len(rows), "missing_records": missing, "stalls": len(stall_rows),
             "max_stall_s": float(gaps["excess"][stall_rows].max()) if len(stall_rows) else 0.0,
-            "logging_only": only_logging,
-            "period_steps": period or math.nan,
-            "longest_gap_s": longest,
+            "logging_only": only_logging, "period_steps": period or math.nan, "longest_gap_s": longest,
         },
         advice=advice,
         weight=float(missing + len(stall_rows) * 10),
@@ -256,62 +236,56 @@ def _compiled(ctx: Context) -> np.ndarray:
         return np.where(np.isfinite(growth) & (growth > 0), growth, 0.0)
 
 
-def late_recompile(ctx: Context) -> list[Finding]:
+def late_recompile(ctx: Context) -> Iterator[Finding]:
     """Graphs compiled after a process's warm-up: each is a stall (seconds to a minute on a GPU), and a
     run whose shapes keep changing never stops paying them. The warm-up is the process's first
     WARMUP_UPDATES updates, or, when it logged a `warmup` record (the trainer's compile of every
     pass shape of its plan before update 1), nothing after its first update."""
     compiled = _compiled(ctx)
     if not compiled.any():
-        return []
+        return
     g = ctx.t.get("graphs_compiled")
     with np.errstate(invalid="ignore"):
         new_process = np.concatenate([[True], ~(g[1:] >= g[:-1])])  # the first row, and after a fall
     starts = ctx.marker_steps("run_start")  # a resume's first row, even if its count did not fall
     if len(starts):
-        before = np.concatenate([[-np.inf], ctx.step[:-1]])
-        new_process |= np.searchsorted(starts, ctx.step, side="left") > np.searchsorted(starts, before, side="left")
+        before = np.searchsorted(starts, ctx.prev_step, side="left")
+        new_process |= np.searchsorted(starts, ctx.step, side="left") > before
     first = np.maximum.accumulate(np.where(new_process, np.arange(ctx.n), 0))  # each row's process start
     since = np.arange(ctx.n) - first
     # a process that logged a `warmup` record just before its first update compiled its graphs there
     warmed = np.isin(ctx.step[first] - 1, ctx.marker_steps("warmup"))
     rows = np.flatnonzero((compiled > 0) & (since >= np.where(warmed, 1, WARMUP_UPDATES)))
     if not len(rows):
-        return []
-    lost = 0.0
-    if ctx.t.has("step_time"):
-        st = ctx.t.get("step_time")
-        typical = float(np.nanmedian(st)) if np.isfinite(st).any() else math.nan
-        lost = float(np.nansum(np.maximum(st[rows] - typical, 0.0))) if math.isfinite(typical) else 0.0
+        return
+    st = ctx.t.get("step_time")
+    typical = float(np.nanmedian(st)) if np.isfinite(st).any() else math.nan
+    lost = float(np.nansum(np.maximum(st[rows] - typical, 0.0))) if math.isfinite(typical) else 0.0
     graphs = int(compiled[rows].sum())
     last = ctx.step_at(rows[-1])
     severity = "warning" if len(rows) >= 3 or lost >= COSTLY_STALL_S / 2 else "info"
-    return [
-        Finding(
-            code="late_recompile",
-            severity=severity,
-            steps=(ctx.step_at(rows[0]), last),
-            summary=(f"{plural(graphs, 'graph')} compiled after warm-up in {plural(len(rows), 'update')}, "
-                     f"the last at step {last}" + (f", about {lost:.0f} s lost" if lost >= 1 else "")),
-            evidence={"graphs": graphs, "updates": len(rows), "last_step": last, "lost_s": lost,
-                      "warmup_updates": WARMUP_UPDATES, "after_logged_warmup": int(warmed[rows].any())},
-            advice=("New shapes keep reaching the compiled forward: keep train.shape_classes on (it pads each pass "
-                    "to a bounded ladder of sizes and the warm-up compiles every class of the plan before update "
-                    "1), and look for what else changes late (noise switched off, a pass with no blocks, a "
-                    "longer sequence than any before)."),
-            weight=lost + len(rows),
-            spans=[(ctx.step_at(r - 1) if r else ctx.step_at(r), ctx.step_at(r)) for r in rows],
-        )
-    ]
+    yield Finding(
+        code="late_recompile", severity=severity, steps=(ctx.step_at(rows[0]), last),
+        summary=(f"{plural(graphs, 'graph')} compiled after warm-up in {plural(len(rows), 'update')}, "
+                 f"the last at step {last}" + (f", about {lost:.0f} s lost" if lost >= 1 else "")),
+        evidence={"graphs": graphs, "updates": len(rows), "last_step": last, "lost_s": lost,
+                  "warmup_updates": WARMUP_UPDATES, "after_logged_warmup": int(warmed[rows].any())},
+        advice=("New shapes keep reaching the compiled forward: keep train.shape_classes on (it pads each pass "
+                "to a bounded ladder of sizes and the warm-up compiles every class of the plan before update "
+                "1), and look for what else changes late (noise switched off, a pass with no blocks, a "
+                "longer sequence than any before)."),
+        weight=lost + len(rows),
+        spans=[(ctx.step_at(r - 1), ctx.step_at(r)) for r in rows],
+    )
 
 
-def window_artifact(ctx: Context) -> list[Finding]:
+def window_artifact(ctx: Context) -> Iterator[Finding]:
     """A windowed monitor's record that averaged only a few steps (often right after a stalled
     logger) and so shows one batch's loss as if it were the model's."""
     fit = ctx.loss_fit
     suspect = ctx.unreliable
     if fit is None or not suspect.any():
-        return []
+        return
     loss = ctx.t.get("loss")
     with np.errstate(invalid="ignore", divide="ignore"):
         y = np.log(np.maximum(loss, 1e-6))
@@ -319,7 +293,7 @@ def window_artifact(ctx: Context) -> list[Finding]:
     z = dev / fit.sigma
     rows = np.flatnonzero(suspect & np.isfinite(z) & (np.abs(z) >= 6.0) & (np.abs(dev) >= 0.4))
     if not len(rows):
-        return []
+        return
     worst = rows[np.argmax(np.abs(z[rows]))]
     window = ctx.dstep[worst]
     gap_before = [r for r in rows if ctx.after_gap[r]]
@@ -327,36 +301,25 @@ def window_artifact(ctx: Context) -> list[Finding]:
     gap_steps = float(ctx.dstep[earlier_gaps[-1]]) if len(earlier_gaps) else math.nan
     spans = [(ctx.step_at(r - 1), ctx.step_at(r)) for r in rows]
     level = math.exp(fit.trend[worst] + fit.offset[worst])
-    where = (
-        f"right after a logging gap ({plural(len(gap_before), 'record')}; the gap's own record averaged "
-        f"{gap_steps:.0f} steps)"
-        if gap_before
-        else f"(usual window {ctx.stride:.0f})"
+    where = f"(usual window {ctx.stride:.0f})"
+    if gap_before:
+        records = plural(len(gap_before), "record")
+        where = f"right after a logging gap ({records}; the gap's own record averaged {gap_steps:.0f} steps)"
+    yield Finding(
+        code="window_artifact", severity="warning", steps=(spans[0][0], spans[-1][1]),
+        summary=(
+            f"{plural(len(rows), 'logged value')} averaged only {window:.0f} steps {where}; "
+            f"one shows loss {loss[worst]:.3g} vs level {level:.3g} at step {ctx.step_at(worst)}"
+        ),
+        evidence={
+            "rows": len(rows), "window_steps": float(window), "usual_window": ctx.stride,
+            "loss": float(loss[worst]), "level": level, "after_gap": len(gap_before), "gap_window_steps": gap_steps,
+        },
+        advice=(
+            "This is the monitor, not the model: a short window after a stalled logger lets one batch "
+            "dominate. Log every step (or weight windows by their step count) and never let a checkpoint "
+            "save block the logger before acting on it."
+        ),
+        weight=float(np.abs(z[worst])),
+        spans=spans,
     )
-    return [
-        Finding(
-            code="window_artifact",
-            severity="warning",
-            steps=(spans[0][0], spans[-1][1]),
-            summary=(
-                f"{plural(len(rows), 'logged value')} averaged only {window:.0f} steps {where}; "
-                f"one shows loss {loss[worst]:.3g} vs level {level:.3g} at step {ctx.step_at(worst)}"
-            ),
-            evidence={
-                "rows": len(rows),
-                "window_steps": float(window),
-                "usual_window": ctx.stride,
-                "loss": float(loss[worst]),
-                "level": level,
-                "after_gap": len(gap_before),
-                "gap_window_steps": gap_steps,
-            },
-            advice=(
-                "This is the monitor, not the model: a short window after a stalled logger lets one batch "
-                "dominate. Log every step (or weight windows by their step count) and never let a checkpoint "
-                "save block the logger before acting on it."
-            ),
-            weight=float(np.abs(z[worst])),
-            spans=spans,
-        )
-    ]

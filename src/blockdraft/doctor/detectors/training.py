@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,20 +99,19 @@ def _onset_row(y: np.ndarray, block_start: int, threshold: float) -> int:
     seg = y[lo : block_start + CLIFF_BLOCK]
     below = np.flatnonzero(seg <= threshold)
     for i in below:
-        ahead = seg[i : i + 5]
-        if np.mean(ahead <= threshold) >= 0.6:
+        if np.mean(seg[i : i + 5] <= threshold) >= 0.6:  # most of the next 5 rows stay down
             return lo + int(i)
     return block_start
 
 
-def loss_spike(ctx: Context) -> list[Finding]:
+def loss_spike(ctx: Context) -> Iterator[Finding]:
     events = spike_events(ctx)
     drops, metric = level_drops(ctx)
     if metric == "acc":
         events = [e for e in events if not any(d.first_row - 5 <= e.first_row <= d.first_row + 60 for d in drops)]
     sustained = drops if metric == "loss" else []
     if not events and not sustained:
-        return []
+        return
     loss = ctx.t.get("loss")
     fit = ctx.loss_fit
     assert fit is not None
@@ -124,23 +124,16 @@ def loss_spike(ctx: Context) -> list[Finding]:
     if events:
         worst = max(events, key=lambda e: e.ratio)
         base = float(np.exp(fit.trend[worst.peak_row] + fit.offset[worst.peak_row]))
-        evidence.update(
-            {
-                "max_ratio": worst.ratio,
-                "max_loss": float(loss[worst.peak_row]),
-                "baseline_at_max": base,
-                "max_step": ctx.step_at(worst.peak_row),
-                "per_10k_steps": 1e4 * len(events) / max(1, ctx.n),
-                "skipped": int(sum(skipped[e.peak_row] for e in events)),
-                "after_checkpoint": after_ckpt,
-                "in_same_bucket_run": in_run,
-            }
-        )
+        evidence.update({
+            "max_ratio": worst.ratio, "max_loss": float(loss[worst.peak_row]), "baseline_at_max": base,
+            "max_step": ctx.step_at(worst.peak_row), "per_10k_steps": 1e4 * len(events) / max(1, ctx.n),
+            "skipped": int(sum(skipped[e.peak_row] for e in events)), "after_checkpoint": after_ckpt,
+            "in_same_bucket_run": in_run,
+        })
         grad = ctx.t.get("grad_norm")
-        if np.isfinite(grad).any():
-            med = float(np.nanmedian(grad))
-            if med > 0 and math.isfinite(grad[worst.peak_row]):
-                evidence["grad_norm_ratio_at_max"] = float(grad[worst.peak_row]) / med
+        med = _median(grad)
+        if med > 0 and math.isfinite(grad[worst.peak_row]):
+            evidence["grad_norm_ratio_at_max"] = float(grad[worst.peak_row]) / med
         parts.append(
             f"{plural(len(events), 'loss spike')} against the per-bucket baseline, worst {loss[worst.peak_row]:.3g} "
             f"= {worst.ratio:.1f}x at step {ctx.step_at(worst.peak_row)}"
@@ -155,21 +148,18 @@ def loss_spike(ctx: Context) -> list[Finding]:
         parts.append(f"{plural(len(sustained), 'sustained loss jump')} (resets) lasting up to {longest} steps")
     big = any(r >= BIG_SPIKE_RATIO for r in ratios) or len(events) >= 5 or bool(sustained)
     spans = [(ctx.step_at(e.first_row), ctx.step_at(e.last_row)) for e in events + sustained]
-    return [
-        Finding(
-            code="loss_spike",
-            severity="warning" if big else "info",
-            steps=(min(a for a, _ in spans), max(b for _, b in spans)),
-            summary="; ".join(parts),
-            evidence=evidence,
-            advice=(
-                "Look at the spiking batches (bucket, length, content). If spikes follow long runs of one "
-                "bucket, interleave buckets; if they recur, lower the LR or beta2, or let the guard skip them."
-            ),
-            weight=float(max(ratios, default=2.0) * (len(events) + len(sustained))),
-            spans=spans,
-        )
-    ]
+    yield Finding(
+        code="loss_spike", severity="warning" if big else "info",
+        steps=(min(a for a, _ in spans), max(b for _, b in spans)),
+        summary="; ".join(parts),
+        evidence=evidence,
+        advice=(
+            "Look at the spiking batches (bucket, length, content). If spikes follow long runs of one "
+            "bucket, interleave buckets; if they recur, lower the LR or beta2, or let the guard skip them."
+        ),
+        weight=float(max(ratios, default=2.0) * (len(events) + len(sustained))),
+        spans=spans,
+    )
 
 
 def _rows_after_checkpoints(ctx: Context, rows: list[int], within: int) -> int:
@@ -178,73 +168,61 @@ def _rows_after_checkpoints(ctx: Context, rows: list[int], within: int) -> int:
         return 0
     steps = ctx.step[np.array(rows)]
     pos = np.searchsorted(ckpt, steps, side="right") - 1
-    ok = pos >= 0
-    return int(np.sum(ok & (steps - ckpt[np.maximum(pos, 0)] <= within)))
+    return int(np.sum((pos >= 0) & (steps - ckpt[np.maximum(pos, 0)] <= within)))
 
 
 def _in_long_bucket_run(ctx: Context, rows: list[int]) -> int:
     bucket = ctx.t.bucket
     if not rows or not (bucket >= 0).any():
         return 0
-    starts, lengths, _ = stats.runs(bucket)
+    _, lengths, _ = stats.runs(bucket)
     run_len = np.repeat(lengths, lengths)
     return int(sum(1 for r in rows if bucket[r] >= 0 and run_len[r] >= 4))
 
 
-def accuracy_cliff(ctx: Context) -> list[Finding]:
+def accuracy_cliff(ctx: Context) -> Iterator[Finding]:
     drops, metric = level_drops(ctx)
     if metric != "acc" or not drops:
-        return []
+        return
     acc = ctx.t.get("acc")
     loss = ctx.t.get("loss")
-    findings = []
     for e in drops:
         recovered = e.peak_row >= 0
-        pre = acc[max(0, e.first_row - 60) : e.first_row]
-        before = float(np.nanmedian(pre)) if np.isfinite(pre).any() else math.nan
-        trough_rows = acc[e.first_row : min(ctx.n, e.first_row + 40)]
-        after = float(np.nanmedian(trough_rows)) if np.isfinite(trough_rows).any() else math.nan
+        pre, trough = slice(max(0, e.first_row - 60), e.first_row), slice(e.first_row, e.first_row + 40)
+        before, after = _median(acc[pre]), _median(acc[trough])
         recovery = int(ctx.step[e.last_row] - ctx.step[e.first_row]) if recovered else None
         evidence = {
-            "acc_before": before,
-            "acc_after": after,
-            "depth_ratio": e.ratio,
-            "recovery_steps": recovery if recovery is not None else math.nan,
-            "recovered": int(recovered),
+            "acc_before": before, "acc_after": after, "depth_ratio": e.ratio,
+            "recovery_steps": recovery if recovery is not None else math.nan, "recovered": int(recovered),
         }
-        if np.isfinite(loss).any():
-            lb = loss[max(0, e.first_row - 60) : e.first_row]
-            la = loss[e.first_row : min(ctx.n, e.first_row + 40)]
-            if np.isfinite(lb).any() and np.isfinite(la).any():
-                evidence["loss_before"] = float(np.nanmedian(lb))
-                evidence["loss_after"] = float(np.nanmedian(la))
+        loss_before, loss_after = _median(loss[pre]), _median(loss[trough])
+        if math.isfinite(loss_before) and math.isfinite(loss_after):
+            evidence["loss_before"], evidence["loss_after"] = loss_before, loss_after
         if _rows_after_checkpoints(ctx, [e.first_row], within=30):
             evidence["after_checkpoint"] = 1
         first = ctx.step_at(e.first_row)
         tail = f"recovered after {recovery} steps" if recovered else "not recovered by the end of the log"
-        findings.append(
-            Finding(
-                code="accuracy_cliff",
-                severity="warning" if recovered else "error",
-                steps=(first, ctx.step_at(e.last_row)),
-                summary=f"accuracy fell from {before:.3g} to {after:.3g} at step {first} and {tail}",
-                evidence=evidence,
-                advice=(
-                    "A bad update pushed the weights off: check the batches just before (bucket runs, spikes, "
-                    "grad norm), the LR at that point, and whether a checkpoint or resume happened there."
-                ),
-                weight=(1.0 - e.ratio) * (recovery or ctx.n),
-                spans=[(first, ctx.step_at(e.last_row))],
-            )
+        yield Finding(
+            code="accuracy_cliff", severity="warning" if recovered else "error", steps=(first, ctx.step_at(e.last_row)),
+            summary=f"accuracy fell from {before:.3g} to {after:.3g} at step {first} and {tail}",
+            evidence=evidence,
+            advice=(
+                "A bad update pushed the weights off: check the batches just before (bucket runs, spikes, "
+                "grad norm), the LR at that point, and whether a checkpoint or resume happened there."
+            ),
+            weight=(1.0 - e.ratio) * (recovery or ctx.n),
         )
-    return findings
 
 
-def plateau(ctx: Context) -> list[Finding]:
+def _median(x: np.ndarray) -> float:
+    return float(np.nanmedian(x)) if np.isfinite(x).any() else math.nan
+
+
+def plateau(ctx: Context) -> Iterator[Finding]:
     """The loss level stopped improving for the last third of the run while the LR was still high."""
     fit = ctx.loss_fit
     if fit is None or ctx.n < 600:
-        return []
+        return
     level = stats.smooth_trend(fit.trend, max(10, ctx.n // 50))
     w = max(10, ctx.n // 20)
     start = int(0.02 * ctx.n)
@@ -253,42 +231,34 @@ def plateau(ctx: Context) -> list[Finding]:
     meds, centres = stats.block_medians((fit.trend + fit.resid)[tail_from:], max(5, (ctx.n - tail_from) // 20))
     tail_gain = -stats.theil_sen(centres, meds) * (ctx.n - tail_from)
     if not (np.isfinite(learned) and np.isfinite(tail_gain)):
-        return []
+        return
     if tail_gain > 0.015 or learned < 0.1:
-        return []
+        return
     lr = ctx.t.get("lr")
     lr_share = math.nan
     if np.isfinite(lr[tail_from:]).any() and math.isfinite(ctx.lr_peak) and ctx.lr_peak > 0:
         lr_share = float(np.nanmedian(lr[tail_from:])) / ctx.lr_peak
         if lr_share < 0.3:
-            return []
+            return
     final = float(np.nanmedian(level[-w:]))
     flat_rows = np.flatnonzero(level - final > 0.03)
     since = int(flat_rows[-1]) + 1 if len(flat_rows) else 0
     since = min(since, tail_from)
     span = (ctx.step_at(since), ctx.step_at(ctx.n - 1))
-    return [
-        Finding(
-            code="plateau",
-            severity="info",
-            steps=span,
-            summary=(
-                f"loss stopped improving at step {span[0]} (level {math.exp(final):.3g}) for the last "
-                f"{100 * (ctx.n - since) / ctx.n:.0f}% of the log"
-                + (f" while the LR was still {100 * lr_share:.0f}% of peak" if math.isfinite(lr_share) else "")
-            ),
-            evidence={
-                "plateau_from_step": span[0],
-                "loss_level": math.exp(final),
-                "tail_gain_log": tail_gain,
-                "lr_share_of_peak": lr_share,
-                "fraction_of_run": (ctx.n - since) / ctx.n,
-            },
-            advice=(
-                "More steps at this LR buy little: decay the LR (cosine), add or refresh data (regenerate "
-                "on-policy), or stop early and spend the compute elsewhere."
-            ),
-            weight=(ctx.n - since) / ctx.n,
-            spans=[span],
-        )
-    ]
+    yield Finding(
+        code="plateau", severity="info", steps=span,
+        summary=(
+            f"loss stopped improving at step {span[0]} (level {math.exp(final):.3g}) for the last "
+            f"{100 * (ctx.n - since) / ctx.n:.0f}% of the log"
+            + (f" while the LR was still {100 * lr_share:.0f}% of peak" if math.isfinite(lr_share) else "")
+        ),
+        evidence={
+            "plateau_from_step": span[0], "loss_level": math.exp(final), "tail_gain_log": tail_gain,
+            "lr_share_of_peak": lr_share, "fraction_of_run": (ctx.n - since) / ctx.n,
+        },
+        advice=(
+            "More steps at this LR buy little: decay the LR (cosine), add or refresh data (regenerate "
+            "on-policy), or stop early and spend the compute elsewhere."
+        ),
+        weight=(ctx.n - since) / ctx.n,
+    )
