@@ -67,21 +67,18 @@ class PlannedBatch:
     cost: float
 
 
-def auto_cuts(lengths: np.ndarray, n_buckets: int = AUTO_BUCKETS) -> list[int]:
-    """Cut points giving about `n_buckets` buckets of equal total tokens (so about equal batch counts)."""
+def bucket_cuts(lengths: np.ndarray, buckets: list[int] | str) -> list[int]:
+    """The configured cut points; `auto`: about AUTO_BUCKETS buckets of equal total tokens (so about
+    equal batch counts)."""
+    if buckets != "auto":
+        return sorted({int(b) for b in buckets if int(b) > 0})
     s = np.sort(lengths.astype(np.int64))
     cum = np.cumsum(s)
     cuts = set()
-    for k in range(1, n_buckets):
-        idx = int(np.searchsorted(cum, cum[-1] * k / n_buckets))
+    for k in range(1, AUTO_BUCKETS):
+        idx = int(np.searchsorted(cum, cum[-1] * k / AUTO_BUCKETS))
         cuts.add(int(s[min(idx, len(s) - 1)]))
     return sorted(c for c in cuts if c > s[0])
-
-
-def bucket_cuts(lengths: np.ndarray, buckets: list[int] | str) -> list[int]:
-    if buckets == "auto":
-        return auto_cuts(lengths)
-    return sorted({int(b) for b in buckets if int(b) > 0})
 
 
 def pack_sorted(
@@ -211,23 +208,20 @@ class BatchSampler:
     def schedule(self, epoch: int) -> np.ndarray:
         """Bucket of each global slot of `epoch`; epoch e continues the run that epoch e-1 ended with."""
         with self._lock:
-            return self._schedule(epoch)
-
-    def _schedule(self, epoch: int) -> np.ndarray:
-        if epoch in self._schedules:
-            return self._schedules[epoch]
-        if not self.cfg.interleave:
-            seq = homogeneous(self.slot_counts, self._rng(epoch, 1))
-        else:
-            done = [e for e in self._schedules if e < epoch]
-            start = max(done) + 1 if done else 0
-            tail = tail_run(self._schedules[start - 1]) if start > 0 else None
-            for e in range(start, epoch + 1):
-                seq = interleave(self.slot_counts, self._rng(e, 1), self.cfg.max_same_bucket_run, tail)
-                tail = tail_run(seq)
-                self._remember(self._schedules, e, seq)
-        self._remember(self._schedules, epoch, seq)
-        return seq
+            if epoch in self._schedules:
+                return self._schedules[epoch]
+            if not self.cfg.interleave:
+                seq = homogeneous(self.slot_counts, self._rng(epoch, 1))
+            else:
+                done = [e for e in self._schedules if e < epoch]
+                start = max(done) + 1 if done else 0
+                tail = tail_run(self._schedules[start - 1]) if start > 0 else None
+                for e in range(start, epoch + 1):
+                    seq = interleave(self.slot_counts, self._rng(e, 1), self.cfg.max_same_bucket_run, tail)
+                    tail = tail_run(seq)
+                    self._remember(self._schedules, e, seq)
+            self._remember(self._schedules, epoch, seq)
+            return seq
 
     @staticmethod
     def _remember(cache: dict, epoch: int, value: Any) -> None:
@@ -261,21 +255,18 @@ class BatchSampler:
     def plan(self, epoch: int) -> list[PlannedBatch]:
         """This rank's batches of `epoch`, in order."""
         with self._lock:
-            return self._plan(epoch)
-
-    def _plan(self, epoch: int) -> list[PlannedBatch]:
-        if epoch in self._plans:
-            return self._plans[epoch]
-        g, a = self.update_size, self.grad_accum
-        plan = []
-        for slot, (b, ids) in enumerate(self.global_plan(epoch)):
-            if (slot % g) // a != self.rank:
-                continue
-            lens = self.lengths[ids]
-            plan.append(PlannedBatch(epoch, len(plan), slot, b, ids, int(lens.sum()), int(lens.max()) * len(ids),
-                                     batch_cost(ids, self.costs)))
-        self._remember(self._plans, epoch, plan)
-        return plan
+            if epoch in self._plans:
+                return self._plans[epoch]
+            g, a = self.update_size, self.grad_accum
+            plan = []
+            for slot, (b, ids) in enumerate(self.global_plan(epoch)):
+                if (slot % g) // a != self.rank:
+                    continue
+                lens = self.lengths[ids]
+                plan.append(PlannedBatch(epoch, len(plan), slot, b, ids, int(lens.sum()), int(lens.max()) * len(ids),
+                                         batch_cost(ids, self.costs)))
+            self._remember(self._plans, epoch, plan)
+            return plan
 
     def next(self) -> PlannedBatch:
         """The batch at the current position; then advance (epochs follow each other forever)."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from blockdraft.data.reading import BadRecord, Chunk, Record, check_files, iter_chunks, parse_item
+from blockdraft.data.reading import BadRecord, Chunk, check_files, iter_chunks, parse_chunk
 from blockdraft.data.report import DataReport
 from blockdraft.data.tokenize import SampleEncoder
 from blockdraft.errors import UserError
@@ -51,12 +51,7 @@ class ChunkResult:
 
 def encode_chunk(encoder: SampleEncoder, fmt: str, chunk: Chunk) -> ChunkResult:
     """Parse a chunk's lines, then encode its good records together (`SampleEncoder.encode_many`)."""
-    parsed: list[tuple[int, Record | BadRecord]] = []
-    for line_no, item in chunk:
-        try:
-            parsed.append((line_no, parse_item(item, fmt)))
-        except BadRecord as bad:
-            parsed.append((line_no, bad))
+    parsed = parse_chunk(chunk, fmt)
     good = [rec for _, rec in parsed if not isinstance(rec, BadRecord)]
     encoded = iter(encoder.encode_many(good))
     ids, masks, lengths, lines, loss, truncated, skips = [], [], [], [], [], [], []
@@ -173,13 +168,6 @@ class TokenizedDataset:
         return f"{self.files[file_index]}:{line}"
 
 
-def _start_method() -> str:
-    """fork on Linux: workers inherit the loaded tokenizer instead of importing torch+transformers
-    again (5 s each); they run only the encoder (Python + the Rust tokenizer without its thread pool).
-    """
-    return "fork" if sys.platform == "linux" else "spawn"
-
-
 def _encoded_chunks(
     paths: list[Path], encoder: SampleEncoder, fmt: str, workers: int
 ) -> Iterator[tuple[int, int, ChunkResult]]:
@@ -189,7 +177,8 @@ def _encoded_chunks(
         for fi, chunk, done in tasks:
             yield fi, done, encode_chunk(encoder, fmt, chunk)
         return
-    ctx = multiprocessing.get_context(_start_method())
+    # fork on Linux: workers inherit the loaded tokenizer instead of importing torch+transformers again (5 s each)
+    ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     with ctx.Pool(workers, initializer=_init_worker, initargs=(encoder, fmt)) as pool:
         pending: deque = deque()
         for fi, chunk, done in tasks:
@@ -204,14 +193,7 @@ def _encoded_chunks(
 
 def _progress(enabled: bool):
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     return Progress(
         TextColumn("tokenising"),
@@ -236,7 +218,8 @@ def build_cache(paths: list[Path], tokenizer: Any, cfg: DataConfig, entry: Path,
     tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=entry.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a shared cache must be readable by every rank's user
     try:
-        lengths, lines, file_ids = [], [], []
+        empty = np.zeros(0, np.int32)  # np.concatenate needs one array at least
+        lengths, lines, file_ids = [empty], [empty], [empty]
         with (
             open(tmp / "ids.bin", "wb") as ids_fh,
             open(tmp / "mask.bin", "wb") as mask_fh,
@@ -254,19 +237,10 @@ def build_cache(paths: list[Path], tokenizer: Any, cfg: DataConfig, entry: Path,
                 for reason, line in res.skips:
                     report.skip(reason, f"{paths[fi]}:{line}")
                 bar.update(task, advance=done, samples=report.samples_used)
-        all_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
-        offsets = np.zeros(len(all_lengths) + 1, dtype=np.int64)
-        np.cumsum(all_lengths, out=offsets[1:])
-        np.save(tmp / "lengths.npy", all_lengths.astype(np.int32))
-        np.save(tmp / "offsets.npy", offsets)
-        sources = np.stack(
-            [
-                np.concatenate(file_ids) if file_ids else np.zeros(0, np.int32),
-                np.concatenate(lines) if lines else np.zeros(0, np.int32),
-            ],
-            axis=1,
-        )
-        np.save(tmp / "sources.npy", sources)
+        all_lengths = np.concatenate(lengths)
+        np.save(tmp / "lengths.npy", all_lengths)
+        np.save(tmp / "offsets.npy", np.concatenate([[0], np.cumsum(all_lengths, dtype=np.int64)]))
+        np.save(tmp / "sources.npy", np.stack([np.concatenate(file_ids), np.concatenate(lines)], axis=1))
         meta = {"version": CACHE_VERSION, "files": report.files, "report": report.as_record()}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         try:

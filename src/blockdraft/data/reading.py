@@ -113,14 +113,9 @@ def parse_record(obj: Any, fmt: str, require_assistant: bool = True) -> Record:
     """
     if not isinstance(obj, dict):
         raise BadRecord("not_an_object")
-    if fmt == "auto":
-        key = next((k for k in FORMAT_KEYS if k in obj), None)
-        if key is None:
-            raise BadRecord("missing_field")
-    else:
-        key = fmt
-        if key not in obj:
-            raise BadRecord("missing_field")
+    key = next((k for k in FORMAT_KEYS if k in obj), None) if fmt == "auto" else fmt
+    if key not in obj:
+        raise BadRecord("missing_field")
     value = obj[key]
     if key != "text" and isinstance(value, str):  # some exports store the turn list as a JSON string
         try:
@@ -180,10 +175,6 @@ def check_files(files: list[str]) -> list[Path]:
             raise UserError(f"data file not found: {name}")
         paths.append(path)
     return paths
-
-
-def _is_parquet(path: Path) -> bool:
-    return path.suffix.lower() in (".parquet", ".pq")
 
 
 def _is_json_array(path: Path) -> bool:
@@ -249,18 +240,25 @@ def _parquet_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int]]:
 
 def iter_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int]]:
     """Yield (chunk of (line or row number, item), bytes of the file it stands for)."""
-    if _is_parquet(path):
+    if path.suffix.lower() in (".parquet", ".pq"):
         return _parquet_chunks(path, chunk_size)
     if _is_json_array(path):
         return _json_array_chunks(path, chunk_size)
     return _jsonl_chunks(path, chunk_size)
 
 
+def parse_chunk(chunk: Chunk, fmt: str, require_assistant: bool = True) -> list[tuple[int, Record | BadRecord]]:
+    """Each item of a chunk parsed, with its line number; bad ones come back as BadRecord."""
+    out: list[tuple[int, Record | BadRecord]] = []
+    for line_no, item in chunk:
+        try:
+            out.append((line_no, parse_item(item, fmt, require_assistant)))
+        except BadRecord as bad:
+            out.append((line_no, bad))
+    return out
+
+
 def iter_records(path: Path, fmt: str, require_assistant: bool = True) -> Iterator[tuple[int, Record | BadRecord]]:
     """Every record of a file in order, with its line number; bad ones come back as BadRecord."""
     for chunk, _ in iter_chunks(path, 1024):
-        for line_no, item in chunk:
-            try:
-                yield line_no, parse_item(item, fmt, require_assistant)
-            except BadRecord as bad:
-                yield line_no, bad
+        yield from parse_chunk(chunk, fmt, require_assistant)

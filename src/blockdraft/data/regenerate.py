@@ -12,6 +12,7 @@ mixing two kinds of data in one folder.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -34,12 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=2048, metavar="N")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument(
-        "--thinking",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="render prompts with thinking on (enable_thinking)",
-    )
+    parser.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=False,
+                        help="render prompts with thinking on (enable_thinking)")
     parser.add_argument("--batch-size", type=int, default=64, metavar="N",
                         help="conversations decoded at once (a small target on a GPU wants 256 or more)")
     parser.add_argument("--prompt-tokens", type=int, default=1024, metavar="N",
@@ -107,13 +104,7 @@ def _read_inputs(paths: list[Path], fmt: str, skipped: dict[str, int]) -> Iterat
 
 
 def _shards(records: Iterator[tuple[str, list]], size: int) -> Iterator[list[tuple[str, list]]]:
-    shard: list[tuple[str, list]] = []
-    for record in records:
-        shard.append(record)
-        if len(shard) == size:
-            yield shard
-            shard = []
-    if shard:
+    while shard := list(itertools.islice(records, size)):
         yield shard
 
 
@@ -144,8 +135,6 @@ class _Progress:
     """A rich bar in a terminal; elsewhere (nohup, slurm, a pipe) one plain line every `every_s` seconds."""
 
     def __init__(self, total: int, every_s: float = 30.0) -> None:
-        import sys
-
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -178,8 +167,6 @@ class _Progress:
                 f"{elapsed:.0f} s ({self.rate:,.0f} tok/s, {self.done / max(1e-9, elapsed):.1f} conversations/s)")
 
     def advance(self, conversations: int, tokens: int) -> None:
-        import sys
-
         self.done += conversations
         self.tokens += tokens
         if self.bar is not None:
