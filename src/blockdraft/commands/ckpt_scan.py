@@ -32,10 +32,6 @@ def _flatten(node: Any, prefix: str) -> list[tuple[str, Any]]:
     return []
 
 
-def _finite_or_none(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
 def tensor_stats(name: str, t: Any) -> dict[str, Any]:
     """Statistics over the finite values (in float64), plus how many values are NaN or +-Inf."""
     import torch
@@ -51,9 +47,9 @@ def tensor_stats(name: str, t: Any) -> dict[str, Any]:
         row["inf"] = int(torch.isinf(x).sum())
         x = x[torch.isfinite(x)]
     if x.numel():
-        row.update(min=float(x.min()), max=float(x.max()), mean=float(x.mean()),
-                   std=float(x.std()) if x.numel() > 1 else 0.0)
-        row.update({k: _finite_or_none(row[k]) for k in ("min", "max", "mean", "std")})
+        stats = {"min": float(x.min()), "max": float(x.max()), "mean": float(x.mean()),
+                 "std": float(x.std()) if x.numel() > 1 else 0.0}
+        row.update({k: v if math.isfinite(v) else None for k, v in stats.items()})  # huge values can overflow
     return row
 
 

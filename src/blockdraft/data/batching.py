@@ -1,26 +1,18 @@
 """Length buckets, cost-balanced micro-batches, and an epoch of updates that each mix the buckets.
 
-Why: grouping samples by length saves padding, but ordering the resulting batches bucket by bucket
-(or shuffling them freely when one bucket dominates) gives long runs of long batches, and the loss
-goes multimodal ("gradient whiplash": the seed incident). The same holds one level up: an update
-whose world_size x grad_accum micro-batches all come from one bucket has that bucket's gradient and
-loss. Here:
-- inside a bucket, samples are sorted by length (ties broken at random each epoch) and cut into
-  micro-batches of at most `cost_budget` (data/cost.py: model FLOPs, or padded tokens with
-  `data.batch_cost=tokens`) and at most `tokens_per_batch` padded tokens, so padding stays tiny, a
-  micro-batch of many short samples takes about as long as one of two long ones, and the number of
-  batches is the same every epoch;
-- the epoch is one global sequence of micro-batches, cut into updates of G = world_size x grad_accum
-  consecutive ones, in the stride-scheduled bucket order of data/interleave.py: every update is a
-  small stratified sample of the length mix (each bucket holds about G * n_b / N of its micro-batches)
-  and same-bucket runs are bounded; when one bucket is too big for the bound, `describe()` warns. An
-  update of fewer slots than buckets takes the next buckets of the same sequence;
-- rank r takes micro-batches r*A .. r*A + A-1 of each update (rank-major). The epoch's slot count is
-  rounded up to a multiple of G by repeating a few batches, spread over the buckets by their shares.
-Everything is a pure function of (lengths, costs, config, seed, epoch, G): the updates do not depend
-on how G splits into ranks and accumulation, which makes resumption exact, at another world size too
-when G is the same. A position saved at another G moves to the same fraction of its epoch
-(`carry_over`).
+Why: ordering length-bucketed batches bucket by bucket (or shuffling freely when one bucket
+dominates) gives long runs of long batches and a multimodal loss ("gradient whiplash": the seed
+incident); an update whose world_size x grad_accum micro-batches come from one bucket does the same.
+- inside a bucket, samples sorted by length (ties broken at random each epoch) are cut into
+  micro-batches of at most `cost_budget` (data/cost.py) and `tokens_per_batch` padded tokens: little
+  padding, about equal time per micro-batch, the same batch count every epoch;
+- the epoch is one global sequence of micro-batches in the stride-scheduled bucket order of
+  data/interleave.py, cut into updates of G = world_size x grad_accum consecutive ones, so each update
+  is a small stratified sample of the length mix; rank r takes slots r*A .. r*A + A-1 of each update.
+  The slot count is rounded up to a multiple of G by repeating a few batches, spread over the buckets.
+Everything is a pure function of (lengths, costs, config, seed, epoch, G), not of how G splits into
+ranks and accumulation: resumption is exact, at another world size too when G is the same; a position
+saved at another G moves to the same fraction of its epoch (`carry_over`).
 """
 
 from __future__ import annotations
@@ -123,16 +115,8 @@ class BatchSampler:
     tokens. Update k (0-based within the epoch) is global slots kG .. kG + G - 1.
     """
 
-    def __init__(
-        self,
-        lengths: np.ndarray,
-        cfg: DataConfig,
-        seed: int,
-        rank: int = 0,
-        world_size: int = 1,
-        grad_accum: int = 1,
-        costs: SampleCosts | None = None,
-    ):
+    def __init__(self, lengths: np.ndarray, cfg: DataConfig, seed: int, rank: int = 0, world_size: int = 1,
+                 grad_accum: int = 1, costs: SampleCosts | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         if grad_accum < 1:
@@ -320,17 +304,9 @@ class BatchSampler:
         buckets = []
         for b, (lo, hi) in enumerate(self.edges):
             lens = self.lengths[self.members[b]]
-            buckets.append(
-                {
-                    "lo": lo,
-                    "hi": hi if hi is not None else int(lens.max()) + 1,
-                    "samples": len(lens),
-                    "batches": self.slot_counts[b],
-                    "token_share": round(float(lens.sum()) / total_real, 4),
-                    "min_len": int(lens.min()),
-                    "max_len": int(lens.max()),
-                }
-            )
+            buckets.append({"lo": lo, "hi": hi if hi is not None else int(lens.max()) + 1, "samples": len(lens),
+                            "batches": self.slot_counts[b], "token_share": round(float(lens.sum()) / total_real, 4),
+                            "min_len": int(lens.min()), "max_len": int(lens.max())})
         real = sum(int(self.lengths[ids].sum()) for _, ids in slots)
         padded = sum(len(ids) * int(self.lengths[ids].max()) for _, ids in slots)
         seq_lens = np.asarray([int(self.lengths[ids].max()) for _, ids in slots])

@@ -14,14 +14,11 @@ PAD_MULTIPLE = 64  # static cache: prompts padded to a multiple of this, so few 
 class HFEngine:
     """Batched `generate` with left padding, on CPU or GPU, keeping `batch_size` rows busy.
 
-    With the static cache, generate compiles its decoding step into CUDA graphs, which pays only if
-    the shapes repeat: every call gets the same batch size (a short batch is padded with copies of its
-    last row), prompts are padded to a multiple of PAD_MULTIPLE tokens, and the cache is sized once,
-    for the longest prompt of the run plus max_new_tokens. A small target is launch-bound, so this is
-    the 10x. Rows that finish early would idle until the longest answer of their batch ends (half the
-    work on chat data), so answers are generated `chunk_tokens` at a time: after each chunk finished
-    rows leave and queued prompts take their place, unfinished rows continuing from their prompt and
-    answer so far (the same greedy tokens; bf16 prefill and step kernels may break a near-tie apart)."""
+    The static cache compiles decoding into CUDA graphs (the 10x on a launch-bound small target),
+    which pays only if shapes repeat: one batch size (a short batch padded with copies of its last
+    row), prompts padded to a multiple of PAD_MULTIPLE, one cache size per run. Answers come
+    `chunk_tokens` at a time, so finished rows leave and queued prompts take their place instead of
+    idling until the longest answer ends (the same greedy tokens, but for bf16 near-ties)."""
 
     def __init__(self, target: str, tokenizer: Any, device: str, seed: int, cache: str = "auto",
                  chunk_tokens: int = 64):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,14 @@ class BadRecord(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+def or_bad(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, or the BadRecord it raised: bad records stay in the result lists, in order."""
+    try:
+        return fn(*args)
+    except BadRecord as bad:
+        return bad
 
 
 @dataclass(frozen=True)
@@ -249,13 +257,7 @@ def iter_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int]]:
 
 def parse_chunk(chunk: Chunk, fmt: str, require_assistant: bool = True) -> list[tuple[int, Record | BadRecord]]:
     """Each item of a chunk parsed, with its line number; bad ones come back as BadRecord."""
-    out: list[tuple[int, Record | BadRecord]] = []
-    for line_no, item in chunk:
-        try:
-            out.append((line_no, parse_item(item, fmt, require_assistant)))
-        except BadRecord as bad:
-            out.append((line_no, bad))
-    return out
+    return [(line_no, or_bad(parse_item, item, fmt, require_assistant)) for line_no, item in chunk]
 
 
 def iter_records(path: Path, fmt: str, require_assistant: bool = True) -> Iterator[tuple[int, Record | BadRecord]]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from blockdraft.data.reading import BadRecord, Chat, Record, Text
+from blockdraft.data.reading import BadRecord, Chat, Record, Text, or_bad
 from blockdraft.errors import UserError
 
 SENTINEL = "\ue000\ue001"
@@ -208,19 +208,9 @@ class SampleEncoder:
         """`encode` for many records, each result or BadRecord in order. Templates are rendered one by
         one (Python); the texts then go to the Rust tokenizer in one `encode_batch` per kind, which
         saves a call per record and uses every core where the tokenizer may run threads."""
-        prepared: list[tuple[str, Spans | None] | BadRecord] = []
-        for record in records:
-            try:
-                prepared.append(self._prepare(record))
-            except BadRecord as bad:
-                prepared.append(bad)
-        results: list[tuple[np.ndarray, np.ndarray, bool] | BadRecord] = []
-        for prep, enc in zip(prepared, self._encode_texts(prepared), strict=True):
-            try:
-                results.append(prep if isinstance(prep, BadRecord) else self._finish(enc, *prep))
-            except BadRecord as bad:
-                results.append(bad)
-        return results
+        prepared = [or_bad(self._prepare, record) for record in records]
+        return [prep if isinstance(prep, BadRecord) else or_bad(self._finish, enc, *prep)
+                for prep, enc in zip(prepared, self._encode_texts(prepared), strict=True)]
 
     def _prepare(self, record: Record) -> tuple[str, Spans | None]:
         """The text to tokenise and, for a chat, its assistant spans (None: learn every token)."""

@@ -1,15 +1,10 @@
 """Experiment trackers (TensorBoard, W&B, Trackio, MLflow), fed from the run log.
 
-log.jsonl stays the source of truth: each tracker is a `Sink` that the RunLog hands every record
-once it is on disk, and that turns the kinds it knows into its library's calls: `run_start` opens a
-run with the resolved config as hyperparameters, `step`, `eval` and `checkpoint` become metrics at
-their step, `run_end` closes the run with its status. Each library is an optional extra, imported
-only when its tracker is asked for, and each writes locally unless its own settings say otherwise
-(see docs/trackers.md).
-
-A resumed run (`run_start` with `resumed_from` set) continues the tracker runs it started: their ids
-are kept in RUN/trackers.json (W&B run id, MLflow run id, Trackio project and name, the TensorBoard
-log dir, which a resume reopens with `purge_step` so the replayed steps replace the old ones).
+log.jsonl stays the source of truth: each tracker is a `Sink` that the RunLog hands every record once
+it is on disk. `run_start` opens a run with the resolved config as hyperparameters, `step`, `eval` and
+`checkpoint` records become metrics at their step, `run_end` closes the run. Each library is an
+optional extra, imported only when asked for, writing locally unless its own settings say otherwise
+(docs/trackers.md). A resume continues the tracker runs it started: RUN/trackers.json keeps their ids.
 """
 
 from __future__ import annotations
