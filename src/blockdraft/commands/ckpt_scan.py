@@ -79,11 +79,10 @@ def _fmt(x: float | None) -> str:
 
 def _print_table(report: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
-    table = Table(title=report["path"], title_justify="left")
-    for col in ("tensor", "shape", "dtype", "min", "max", "mean", "std", "NaN", "Inf"):
-        table.add_column(col, justify="left" if col in ("tensor", "shape", "dtype") else "right")
+    numbers = (Column(c, justify="right") for c in ("min", "max", "mean", "std", "NaN", "Inf"))
+    table = Table("tensor", "shape", "dtype", *numbers, title=report["path"], title_justify="left")
     for r in report["tensors"]:
         style = "bold red" if r["nan"] or r["inf"] else None
         table.add_row(r["name"], "x".join(map(str, r["shape"])) or "scalar", r["dtype"], _fmt(r["min"]),

@@ -195,17 +195,9 @@ def _progress(enabled: bool):
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    return Progress(
-        TextColumn("tokenising"),
-        BarColumn(),
-        DownloadColumn(),
-        TextColumn("{task.fields[samples]} samples"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        disable=not enabled,
-        transient=False,
-    )
+    columns = (TextColumn("tokenising"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[samples]} samples"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    return Progress(*columns, console=Console(stderr=True), disable=not enabled)
 
 
 def build_cache(paths: list[Path], tokenizer: Any, cfg: DataConfig, entry: Path, progress: bool) -> DataReport:
@@ -220,11 +212,7 @@ def build_cache(paths: list[Path], tokenizer: Any, cfg: DataConfig, entry: Path,
     try:
         empty = np.zeros(0, np.int32)  # np.concatenate needs one array at least
         lengths, lines, file_ids = [empty], [empty], [empty]
-        with (
-            open(tmp / "ids.bin", "wb") as ids_fh,
-            open(tmp / "mask.bin", "wb") as mask_fh,
-            _progress(progress) as bar,
-        ):
+        with open(tmp / "ids.bin", "wb") as ids_fh, open(tmp / "mask.bin", "wb") as mask_fh, _progress(progress) as bar:
             task = bar.add_task("tokenising", total=total_bytes, samples=0)
             for fi, done, res in _encoded_chunks(paths, encoder, cfg.format, workers):
                 res.ids.tofile(ids_fh)

@@ -40,12 +40,10 @@ def interleave(
 ) -> np.ndarray:
     """Stride-scheduled bucket sequence with counts[b] slots of bucket b and bounded same-bucket runs.
 
-    Bucket b's k-th batch has the ideal slot (k + u_b + j_bk) * N / counts[b]: u_b is the bucket's
-    random offset, j_bk a jitter of at most half a stride that does not accumulate (so the order is
-    not one fixed cycle repeated, yet no bucket drifts from its share). The lowest ideal slot goes
-    next unless that would exceed the run bound or make the rest impossible to lay out within it.
-    `tail` = (bucket, run) that the previous epoch ended with: the run bound holds across the boundary
-    (with one bucket only, no bound can: it is raised by the least the tail needs).
+    Bucket b's k-th batch has the ideal slot (k + u_b + j_bk) * N / counts[b] (u_b its random offset,
+    j_bk its jitter); the lowest ideal slot goes next unless that would break the run bound now or
+    later. `tail` = (bucket, run) that the previous epoch ended with: the bound holds across the
+    boundary (with one bucket only, no bound can: it is raised by the least the tail needs).
     """
     total = sum(counts)
     bound = run_bound(counts, max_run)

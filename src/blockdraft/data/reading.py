@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,6 +211,14 @@ def _jsonl_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int]]:
         yield chunk, path.stat().st_size - reported
 
 
+def _numbered(parts: Iterable[list[Any]], size: int, rows: int) -> Iterator[tuple[Chunk, int]]:
+    """Chunks of decoded records numbered from 1, each standing for its share of the file's `size` bytes."""
+    row_no = 0
+    for part in parts:
+        yield [(row_no + i + 1, item) for i, item in enumerate(part)], size * len(part) // max(1, rows)
+        row_no += len(part)
+
+
 def _json_array_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int]]:
     try:
         with path.open("rb") as fh:
@@ -219,11 +227,8 @@ def _json_array_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int
         raise UserError(f"{path}: not a valid JSON array of records ({exc}); use JSON Lines") from None
     if not isinstance(items, list):
         raise UserError(f"{path}: a .json data file must hold one array of records")
-    size = path.stat().st_size
-    for start in range(0, len(items), chunk_size):
-        part = items[start : start + chunk_size]
-        share = size * len(part) // max(1, len(items))
-        yield [(start + i + 1, item) for i, item in enumerate(part)], share
+    parts = (items[start : start + chunk_size] for start in range(0, len(items), chunk_size))
+    yield from _numbered(parts, path.stat().st_size, len(items))
 
 
 def _parquet_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int]]:
@@ -236,14 +241,8 @@ def _parquet_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int]]:
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise UserError(f"{path}: not a readable Parquet file ({exc})") from None
     columns = [c for c in FORMAT_KEYS if c in pf.schema_arrow.names] or None
-    rows = max(1, pf.metadata.num_rows)
-    size = path.stat().st_size
-    row_no = 0
-    for batch in pf.iter_batches(batch_size=chunk_size, columns=columns):
-        records = batch.to_pylist()
-        chunk = [(row_no + i + 1, rec) for i, rec in enumerate(records)]
-        row_no += len(records)
-        yield chunk, size * len(records) // rows
+    batches = (batch.to_pylist() for batch in pf.iter_batches(batch_size=chunk_size, columns=columns))
+    yield from _numbered(batches, path.stat().st_size, pf.metadata.num_rows)
 
 
 def iter_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int]]:

@@ -141,21 +141,18 @@ class _Progress:
         self.total, self.every_s = total, every_s
         self.done = self.tokens = 0
         self.start = self.last_line = time.perf_counter()
-        self.bar = None
-        if sys.stderr.isatty():
-            self.bar = Progress(TextColumn("regenerating"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[rate]:,.0f} answer tok/s"), TimeRemainingColumn(),
-                                console=Console(stderr=True))
-            self.task = self.bar.add_task("regenerating", total=total, rate=0.0)
+        self.plain = not sys.stderr.isatty()
+        self.bar = Progress(TextColumn("regenerating"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[rate]:,.0f} answer tok/s"), TimeRemainingColumn(),
+                            console=Console(stderr=True), disable=self.plain)
+        self.task = self.bar.add_task("regenerating", total=total, rate=0.0)
 
     def __enter__(self) -> _Progress:
-        if self.bar is not None:
-            self.bar.start()
+        self.bar.start()
         return self
 
     def __exit__(self, *_exc) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        self.bar.stop()
 
     @property
     def rate(self) -> float:
@@ -169,9 +166,8 @@ class _Progress:
     def advance(self, conversations: int, tokens: int) -> None:
         self.done += conversations
         self.tokens += tokens
-        if self.bar is not None:
-            self.bar.update(self.task, advance=conversations, rate=self.rate)
-        elif time.perf_counter() - self.last_line >= self.every_s:
+        self.bar.update(self.task, advance=conversations, rate=self.rate)
+        if self.plain and time.perf_counter() - self.last_line >= self.every_s:
             self.last_line = time.perf_counter()
             print(self.line(), file=sys.stderr, flush=True)
 
