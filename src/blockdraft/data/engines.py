@@ -75,10 +75,8 @@ class HFEngine:
                                       generation_config=config)
         return out[:n, width:].tolist()
 
-    def generate(
-        self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float,
-        prompt_tokens: int, batch_size: int,
-    ) -> list[tuple[str, bool, int]]:
+    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float, prompt_tokens: int,
+                 batch_size: int) -> list[tuple[str, bool, int]]:
         """(answer text, finished, answer tokens) per prompt; finished is False where max_new_tokens cut it."""
         enc = self.tokenizer(prompts, add_special_tokens=False, truncation=True, max_length=prompt_tokens)["input_ids"]
         # --prompt-tokens (padded) + --max-new-tokens, whatever the batch: one compiled shape per run
@@ -122,10 +120,8 @@ class VLLMEngine:
     def reseed(self, seed: int) -> None:
         self.seed = seed
 
-    def generate(
-        self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float,
-        prompt_tokens: int, batch_size: int,
-    ) -> list[tuple[str, bool, int]]:
+    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float, prompt_tokens: int,
+                 batch_size: int) -> list[tuple[str, bool, int]]:
         from vllm import SamplingParams
 
         params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=self.seed)

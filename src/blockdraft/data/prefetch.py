@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -59,21 +58,14 @@ def collate(dataset: TokenizedDataset, planned: PlannedBatch, batches_per_epoch:
 class Prefetcher:
     """`next()` returns batches forever; `state_dict()` is the position after the last one returned."""
 
-    def __init__(
-        self,
-        dataset: TokenizedDataset,
-        sampler: BatchSampler,
-        depth: int,
-        pin_memory: bool,
-        prepare: Callable[[Batch], Batch] | None = None,
-    ):
+    def __init__(self, dataset: TokenizedDataset, sampler: BatchSampler, depth: int, pin_memory: bool,
+                 prepare: Callable[[Batch], Batch] | None = None):
         """`prepare` runs on each batch in the background thread (the trainer packs batches there)."""
         self.dataset = dataset
         self.prepare = prepare
         self.sampler = sampler
         self.depth = max(1, depth)
         self.pin = bool(pin_memory) and torch.cuda.is_available()
-        self.last_wait_s = 0.0
         self._state = sampler.state_dict()
         self._thread: threading.Thread | None = None
         self._start()
@@ -118,9 +110,7 @@ class Prefetcher:
     def next(self) -> Batch:
         if self._thread is None:
             raise RuntimeError("the prefetcher is closed")
-        start = time.perf_counter()
         item = self._queue.get()
-        self.last_wait_s = time.perf_counter() - start
         if isinstance(item, BaseException):
             self.close()
             raise item

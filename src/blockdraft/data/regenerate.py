@@ -25,6 +25,8 @@ from typing import Any
 from blockdraft.errors import UserError
 
 MANIFEST = "manifest.json"
+MANIFEST_SETTINGS = ("format", "max_new_tokens", "temperature", "top_p", "thinking", "shard_size", "prompt_tokens",
+                     "seed")  # the flags a rerun must repeat, besides the inputs and the target
 GROUP_BATCHES = 4  # conversations handed to the engine at once, in batches: progress comes per group
 
 
@@ -200,14 +202,7 @@ def run(args: argparse.Namespace) -> int:
     manifest = {
         "inputs": [{"path": str(p), "digest": file_digest(p)} for p in paths],
         "target": str(Path(args.target).resolve()),
-        "format": args.format,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "thinking": args.thinking,
-        "shard_size": args.shard_size,
-        "prompt_tokens": args.prompt_tokens,
-        "seed": args.seed,
+        **{key: getattr(args, key) for key in MANIFEST_SETTINGS},
     }
     _check_manifest(out, manifest)
 

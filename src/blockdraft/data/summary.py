@@ -30,14 +30,9 @@ def length_histogram(lengths: np.ndarray, bins: int = 12) -> list[dict[str, int]
 
 
 def length_stats(lengths: np.ndarray) -> dict[str, float]:
-    return {
-        "min": int(lengths.min()),
-        "mean": round(float(lengths.mean()), 1),
-        "p50": int(np.percentile(lengths, 50)),
-        "p90": int(np.percentile(lengths, 90)),
-        "p99": int(np.percentile(lengths, 99)),
-        "max": int(lengths.max()),
-    }
+    p50, p90, p99 = (int(p) for p in np.percentile(lengths, [50, 90, 99]))
+    return {"min": int(lengths.min()), "mean": round(float(lengths.mean()), 1), "p50": p50, "p90": p90, "p99": p99,
+            "max": int(lengths.max())}
 
 
 def data_record(report: DataReport, sampler: BatchSampler) -> dict[str, Any]:

@@ -134,15 +134,14 @@ class TensorBoardSink:
             purge = record["resumed_from"] + 1 if prev else None
             self._writer = SummaryWriter(log_dir=prev["logdir"] if prev else str(self.logdir), purge_step=purge)
             remember(self._dir, self.name, {"logdir": str(self.logdir)})
-        if self._writer is None:
-            return
-        if kind == "run_start":
             params = {k: _scalar(v) for k, v in hyperparameters(record).items()}
             file_writer = self._writer._get_file_writer()
             for summary in hparams(params, {"train/loss": 0.0, "train/tau_est": 0.0, "eval/tau": 0.0}):
                 file_writer.add_summary(summary)
             config_yaml = yaml.safe_dump(record.get("config", {}), sort_keys=False)
             self._writer.add_text("config", "    " + config_yaml.replace("\n", "\n    "), step)
+        if self._writer is None:
+            return
         for key, value in metrics(record).items():
             self._writer.add_scalar(key, value, step, walltime=record["time"])
         if kind == "checkpoint":
@@ -214,7 +213,6 @@ class TrackioSink:
 
         self._trackio = trackio
         self._dir = run_dir
-        self._name = run_dir.name
         self._run: Any = None
 
     def write(self, record: dict[str, Any]) -> None:
@@ -223,7 +221,7 @@ class TrackioSink:
             self.close()
             prev = recall(self._dir, self.name, record) or {}
             project = prev.get("project") or os.environ.get("TRACKIO_PROJECT", "blockdraft")
-            name = prev.get("name") or self._name
+            name = prev.get("name") or self._dir.name
             self._run = self._trackio.init(project=project, name=name, config=hyperparameters(record),
                                            resume="allow")
             remember(self._dir, self.name, {"project": project, "name": name})
@@ -258,7 +256,6 @@ class MlflowSink:
         self.tracking_uri = uri
         self._client = MlflowClient(tracking_uri=uri)
         self._dir = run_dir
-        self._name = run_dir.name
         self._run_id: str | None = None
 
     def write(self, record: dict[str, Any]) -> None:
@@ -272,7 +269,7 @@ class MlflowSink:
                 name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "blockdraft")
                 experiment = self._client.get_experiment_by_name(name)
                 experiment_id = experiment.experiment_id if experiment else self._client.create_experiment(name)
-                self._run_id = self._client.create_run(experiment_id, run_name=self._name).info.run_id
+                self._run_id = self._client.create_run(experiment_id, run_name=self._dir.name).info.run_id
             remember(self._dir, self.name, {"run_id": self._run_id, "tracking_uri": self.tracking_uri})
             # params cannot change once logged: a resume adds only the ones the run lacks
             params = [Param(k, str(_scalar(v))[:6000]) for k, v in hyperparameters(record).items() if k not in logged]
@@ -310,8 +307,7 @@ class MlflowSink:
             self._run_id = None
 
 
-SINKS: dict[str, type] = {"tensorboard": TensorBoardSink, "wandb": WandbSink, "trackio": TrackioSink,
-                           "mlflow": MlflowSink}
+SINKS: dict[str, type] = {sink.name: sink for sink in (TensorBoardSink, WandbSink, TrackioSink, MlflowSink)}
 
 
 def open_trackers(names: list[str], run_dir: Path) -> list[Sink]:
