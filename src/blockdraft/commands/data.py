@@ -1,10 +1,8 @@
 """`blockdraft data FILE... --target DIR_OR_ID`: inspect a dataset before a four-day run.
 
-Reads and tokenises the files (filling the cache the run will use), then reports counts, skip
-reasons with line numbers, the length histogram and the batch plan for `--world-size` ranks of
-`--grad-accum` micro-batches (how each update mixes the buckets); `--json` prints one object. The
-micro-batches are cut by the cost model of the run (the target's config.json, the config's drafter and
-anchors), as training cuts them.
+Tokenises the files into the cache the run will use, then reports counts, skips by line, lengths and
+the batch plan of `--world-size` x `--grad-accum` micro-batches an update, cut by the run's own cost
+model (the target's config.json, the config's drafter and anchors), as training cuts them.
 """
 
 from __future__ import annotations

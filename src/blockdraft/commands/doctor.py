@@ -1,7 +1,4 @@
-"""`blockdraft doctor RUN_DIR_OR_LOG`: diagnose a run from its log.jsonl.
-
-Imports only argparse at module level; numpy, rich and matplotlib load inside `run`.
-"""
+"""`blockdraft doctor RUN_DIR_OR_LOG`: diagnose a run from its log.jsonl (numpy, rich and matplotlib load in `run`)."""
 
 from __future__ import annotations
 

@@ -34,15 +34,9 @@ REASONS: dict[str, str] = {
 
 ROLE_ALIASES: dict[str, str] = {
     "system": "system",
-    "user": "user",
-    "human": "user",
-    "assistant": "assistant",
-    "gpt": "assistant",
-    "chatgpt": "assistant",
-    "bard": "assistant",
-    "bing": "assistant",
-    "model": "assistant",
     "tool": "tool",
+    **dict.fromkeys(("user", "human"), "user"),
+    **dict.fromkeys(("assistant", "gpt", "chatgpt", "bard", "bing", "model"), "assistant"),
 }
 
 FORMAT_KEYS = ("messages", "conversations", "text")

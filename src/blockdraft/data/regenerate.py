@@ -181,14 +181,9 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.model.tokenizer import load_tokenizer
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` and schedulers: report, then stop
-    for name, value in (
-        ("--batch-size", args.batch_size),
-        ("--prompt-tokens", args.prompt_tokens),
-        ("--shard-size", args.shard_size),
-        ("--max-new-tokens", args.max_new_tokens),
-    ):
-        if value < 1:
-            raise UserError(f"{name} must be at least 1")
+    for name in ("batch_size", "prompt_tokens", "shard_size", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     if args.chunk_tokens < 0:
         raise UserError("--chunk-tokens must be >= 0 (0: the whole answer in one call)")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
@@ -224,11 +219,10 @@ def run(args: argparse.Namespace) -> int:
                 if engine is None:
                     from blockdraft.data.engines import HFEngine, VLLMEngine
 
-                    engine = (
-                        VLLMEngine(args.target, tokenizer, args.seed)
-                        if args.engine == "vllm"
-                        else HFEngine(args.target, tokenizer, args.device, args.seed, args.cache, args.chunk_tokens)
-                    )
+                    if args.engine == "vllm":
+                        engine = VLLMEngine(args.target, tokenizer, args.seed)
+                    else:
+                        engine = HFEngine(args.target, tokenizer, args.device, args.seed, args.cache, args.chunk_tokens)
                 engine.reseed(args.seed + k)  # a rerun of this shard samples the same way
                 order = sorted(range(len(shard)), key=lambda i: sum(len(m["content"]) for m in shard[i][1]))
                 rows: dict[int, dict[str, Any]] = {}
