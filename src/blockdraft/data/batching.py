@@ -228,13 +228,8 @@ class BatchSampler:
 
     def global_plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
         """(bucket, sample ids) of every global slot of `epoch`, in order: the same on every rank."""
-        per_bucket = self._global_batches(epoch)
-        taken = [0] * len(per_bucket)
-        out = []
-        for b in self.schedule(epoch).tolist():
-            out.append((b, per_bucket[b][taken[b]]))
-            taken[b] += 1
-        return out
+        per_bucket = [iter(batches) for batches in self._global_batches(epoch)]
+        return [(b, next(per_bucket[b])) for b in self.schedule(epoch).tolist()]
 
     def plan(self, epoch: int) -> list[PlannedBatch]:
         """This rank's batches of `epoch`, in order."""

@@ -11,7 +11,7 @@ many. With the model FLOPs of `model/flops.py`, a micro-batch of n rows padded t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -87,8 +87,7 @@ def flop_costs(
     `answer_tokens` (loss tokens per sample) is needed with `train.anchors_per_token`."""
     d, b = cfg.drafter, cfg.drafter.block_size
     target = Dims.of(hf_cfg)
-    drafter = Dims(target.hidden, target.heads, target.kv_heads, target.head_dim,
-                   d.intermediate_size or target.intermediate)
+    drafter = replace(target, intermediate=d.intermediate_size or target.intermediate)
     lengths = np.asarray(lengths, dtype=np.int64)
     widths, inverse = np.unique(lengths, return_inverse=True)
     per_width = np.asarray([target_flops([int(t)], target, max(layer_ids) + 1) for t in widths])

@@ -81,13 +81,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     plan = Table(*(Column(c, justify="right") for c in ("bucket", "lengths", "samples", "batches", "token share")),
                  title=f"batch plan ({budget} per micro-batch)", title_justify="left")
     for b, bucket in enumerate(summary["buckets"]):
-        plan.add_row(
-            str(b),
-            f"{bucket['lo']}-{bucket['hi'] - 1}",
-            f"{bucket['samples']:,}",
-            f"{bucket['batches']:,}",
-            f"{100 * bucket['token_share']:.1f}%",
-        )
+        plan.add_row(str(b), f"{bucket['lo']}-{bucket['hi'] - 1}", f"{bucket['samples']:,}", f"{bucket['batches']:,}",
+                     f"{100 * bucket['token_share']:.1f}%")
     console.print(plan)
     console.print(
         f"{summary['batches']:,} micro-batches per epoch, padding {100 * summary['pad_frac']:.1f}%, "
