@@ -20,8 +20,7 @@ class HFEngine:
     `chunk_tokens` at a time, so finished rows leave and queued prompts take their place instead of
     idling until the longest answer ends (the same greedy tokens, but for bf16 near-ties)."""
 
-    def __init__(self, target: str, tokenizer: Any, device: str, seed: int, cache: str = "auto",
-                 chunk_tokens: int = 64):
+    def __init__(self, target: str, tokenizer: Any, device: str, cache: str = "auto", chunk_tokens: int = 64):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -36,7 +35,6 @@ class HFEngine:
             raise UserError(f"cannot load the target model from {target}: {str(exc).splitlines()[0]}") from None
         self.device = device
         self.tokenizer = tokenizer
-        self.seed = seed
         tokenizer.truncation_side = "left"  # a long chat keeps its latest turns
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         eos = self.model.generation_config.eos_token_id

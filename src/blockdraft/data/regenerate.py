@@ -222,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
                     if args.engine == "vllm":
                         engine = VLLMEngine(args.target, tokenizer, args.seed)
                     else:
-                        engine = HFEngine(args.target, tokenizer, args.device, args.seed, args.cache, args.chunk_tokens)
+                        engine = HFEngine(args.target, tokenizer, args.device, args.cache, args.chunk_tokens)
                 engine.reseed(args.seed + k)  # a rerun of this shard samples the same way
                 order = sorted(range(len(shard)), key=lambda i: sum(len(m["content"]) for m in shard[i][1]))
                 rows: dict[int, dict[str, Any]] = {}

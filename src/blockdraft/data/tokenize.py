@@ -43,6 +43,11 @@ def common_prefix_len(a: str, b: str) -> int:
     return lo
 
 
+def _marked(turn: dict[str, str]) -> dict[str, str]:
+    """The turn with SENTINEL after its right-stripped content, to find where the content ends."""
+    return {**turn, "content": turn["content"].rstrip() + SENTINEL}
+
+
 def align_pieces(full: str, pieces: list[str]) -> list[int] | None:
     """Positions in `full` where the pieces of a marked rendering meet, or None if they do not fit.
 
@@ -100,20 +105,14 @@ class SampleEncoder:
         self, messages: list[dict[str, str]], generation_prompt: bool = False, thinking: bool | None = None
     ) -> str:
         try:
-            return self.tokenizer.apply_chat_template(
-                messages,
-                tokenize=False,
-                add_generation_prompt=generation_prompt,
-                enable_thinking=self.thinking if thinking is None else thinking,
-            )
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
+                                                      enable_thinking=self.thinking if thinking is None else thinking)
         except Exception:  # jinja's raise_exception, TemplateError, type errors inside the template
             raise BadRecord("template_error") from None
 
     def _content_ends(self, messages: list[dict[str, str]], full: str, turns: list[int]) -> list[int]:
         """End of each assistant turn's content in `full`: one render with every content marked."""
-        marked = [
-            {**m, "content": m["content"].rstrip() + SENTINEL} if m["role"] == "assistant" else m for m in messages
-        ]
+        marked = [_marked(m) if m["role"] == "assistant" else m for m in messages]
         pieces = self.render(marked).split(SENTINEL)
         ends = align_pieces(full, pieces) if len(pieces) == len(turns) + 1 else None
         if ends is not None:
@@ -122,8 +121,7 @@ class SampleEncoder:
 
     def _content_end_alone(self, messages: list[dict[str, str]], full: str, turn: int) -> int:
         """Fallback for templates that drop or reorder some turns: mark one turn per render."""
-        marked = list(messages)
-        marked[turn] = {**messages[turn], "content": messages[turn]["content"].rstrip() + SENTINEL}
+        marked = [*messages[:turn], _marked(messages[turn]), *messages[turn + 1 :]]
         rendered = self.render(marked)
         if SENTINEL not in rendered:
             return -1  # the template does not show this turn at all
