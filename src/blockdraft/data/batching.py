@@ -140,10 +140,8 @@ class BatchSampler:
         self.bucket_of = np.searchsorted(used, raw).astype(np.int32)
         edges = [0, *cuts, None]
         self.edges = [(edges[k], edges[k + 1]) for k in used.tolist()]
-        self.members: list[np.ndarray] = []
-        for b in range(len(used)):
-            idx = np.flatnonzero(self.bucket_of == b)
-            self.members.append(idx[np.argsort(self.lengths[idx], kind="stable")])
+        by_length = np.lexsort((self.lengths, self.bucket_of))  # stable: equal lengths keep their order
+        self.members = np.split(by_length, np.cumsum(np.bincount(self.bucket_of))[:-1])  # per bucket, ascending
         self.cost_budget = self._cost_budget()
         self.bounds = [self._pack(idx, self.cost_budget) for idx in self.members]
         self.batch_counts = [len(bd) - 1 for bd in self.bounds]

@@ -1,10 +1,8 @@
 """Tokenise a dataset once, in parallel, and keep it on disk as memory-mappable arrays.
 
-The cache key hashes everything the tokens depend on: the data files' bytes, the tokenizer
-(vocabulary, merges, normaliser, post-processor, chat template, special tokens), the template options
-and max_len. A re-run with the same inputs maps the arrays and starts at once; changing any input
-gives a new key, so a stale cache is never read. Entries are written to a temporary folder and
-renamed into place, so a crash or a second rank racing on the same key never leaves a torn entry.
+The key hashes everything the tokens depend on (the files' bytes, the whole tokenizer with its chat
+template, the template options, max_len), so a stale entry is never read. Entries are renamed into
+place when whole, so a crash or a second rank racing on the same key never leaves a torn one.
 """
 
 from __future__ import annotations

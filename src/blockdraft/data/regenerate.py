@@ -1,12 +1,10 @@
 """`blockdraft regenerate`: the target rewrites every assistant turn, given the conversation so far.
 
-DFlash drafters learn to predict the target's own continuations, so training data should come from
-the target (on-policy). Each assistant turn is regenerated in order, so later turns see earlier
-regenerated ones; a chat that ends with a user turn (a prompt-only record, or a `text` record taken
-as a prompt) gets a new final answer. Output goes to `OUT/shard-NNNNN.jsonl` (messages format),
-each shard written to a temporary name and renamed when complete, so a rerun skips finished shards.
-`OUT/manifest.json` pins the inputs and settings: a rerun with other settings is refused instead of
-mixing two kinds of data in one folder.
+DFlash drafters learn the target's own continuations, so training data should come from the target
+(on-policy). Turns are regenerated in order, so later turns see earlier regenerated ones; a chat that
+ends with a user turn (prompt-only, or a `text` record) gets a new final answer. Each
+`OUT/shard-NNNNN.jsonl` is renamed into place when complete, so a rerun skips finished shards;
+`OUT/manifest.json` pins inputs and settings, so a rerun with others is refused rather than mixed in.
 """
 
 from __future__ import annotations

@@ -55,10 +55,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     from rich.table import Column, Table
 
     used, total = summary["samples_used"], summary["samples_total"]
-    console.print(
-        f"[bold]{used:,}[/] of {total:,} samples usable, {summary['tokens']:,} tokens "
-        f"({summary['loss_tokens']:,} with loss), {summary['truncated']:,} truncated to max_len"
-    )
+    console.print(f"[bold]{used:,}[/] of {total:,} samples usable, {summary['tokens']:,} tokens "
+                  f"({summary['loss_tokens']:,} with loss), {summary['truncated']:,} truncated to max_len")
     if summary["skipped"]:
         skips = Table("reason", Column("count", justify="right"), "first lines", title="skipped records",
                       title_justify="left")
@@ -84,11 +82,9 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         plan.add_row(str(b), f"{bucket['lo']}-{bucket['hi'] - 1}", f"{bucket['samples']:,}", f"{bucket['batches']:,}",
                      f"{100 * bucket['token_share']:.1f}%")
     console.print(plan)
-    console.print(
-        f"{summary['batches']:,} micro-batches per epoch, padding {100 * summary['pad_frac']:.1f}%, "
-        f"max same-bucket run {summary['max_same_bucket_run']}, "
-        f"lag-1 autocorrelation of batch lengths {summary['length_autocorr_lag1']:+.2f}"
-    )
+    console.print(f"{summary['batches']:,} micro-batches per epoch, padding {100 * summary['pad_frac']:.1f}%, "
+                  f"max same-bucket run {summary['max_same_bucket_run']}, "
+                  f"lag-1 autocorrelation of batch lengths {summary['length_autocorr_lag1']:+.2f}")
     mix = summary["update_mix"]
     console.print(
         f"{summary['updates_per_epoch']:,} updates of {summary['world_size']} x {summary['grad_accum']} micro-batches: "

@@ -38,27 +38,26 @@ class Sink(Protocol):
 IDS_FILE = "trackers.json"
 
 
+def _stored(run_dir: Path) -> dict[str, Any]:
+    """RUN/trackers.json; {} when it is missing or damaged."""
+    try:
+        known = json.loads((run_dir / IDS_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
 def recall(run_dir: Path, name: str, record: dict[str, Any]) -> dict[str, Any] | None:
     """What `name` stored for this run folder, when `record` (a run_start) resumes a run."""
-    if record.get("resumed_from") is None:
-        return None
-    try:
-        return json.loads((run_dir / IDS_FILE).read_text()).get(name)
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return None
+    return _stored(run_dir).get(name) if record.get("resumed_from") is not None else None
 
 
 def remember(run_dir: Path, name: str, info: dict[str, Any]) -> None:
     """Store `name`'s run ids in RUN/trackers.json (written whole, then renamed into place)."""
-    path = run_dir / IDS_FILE
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        known = {}
-    known[name] = info
-    tmp = path.with_name(f".{IDS_FILE}.tmp")
+    known = {**_stored(run_dir), name: info}
+    tmp = run_dir / f".{IDS_FILE}.tmp"
     tmp.write_text(json.dumps(known, indent=2) + "\n")
-    os.replace(tmp, path)
+    os.replace(tmp, run_dir / IDS_FILE)
 
 
 def require_trackers(names: list[str]) -> None:
