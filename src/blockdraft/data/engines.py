@@ -55,10 +55,9 @@ class HFEngine:
         from transformers import GenerationConfig
 
         torch, n = self.torch, len(rows)
-        if self.static:
-            rows = rows + [rows[-1]] * (batch_size - n)
         width = max(map(len, rows))
         if self.static:
+            rows = rows + [rows[-1]] * (batch_size - n)
             width = -(-width // PAD_MULTIPLE) * PAD_MULTIPLE
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
