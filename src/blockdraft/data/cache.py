@@ -50,29 +50,18 @@ class ChunkResult:
 def encode_chunk(encoder: SampleEncoder, fmt: str, chunk: Chunk) -> ChunkResult:
     """Parse a chunk's lines, then encode its good records together (`SampleEncoder.encode_many`)."""
     parsed = parse_chunk(chunk, fmt)
-    good = [rec for _, rec in parsed if not isinstance(rec, BadRecord)]
-    encoded = iter(encoder.encode_many(good))
-    ids, masks, lengths, lines, loss, truncated, skips = [], [], [], [], [], [], []
-    for line_no, rec in parsed:
-        result = rec if isinstance(rec, BadRecord) else next(encoded)
-        if isinstance(result, BadRecord):
-            skips.append((result.reason, line_no))
-            continue
-        sample_ids, mask, cut = result
-        ids.append(sample_ids)
-        masks.append(mask)
-        lengths.append(len(sample_ids))
-        lines.append(line_no)
-        loss.append(int(mask.sum()))
-        truncated.append(cut)
+    encoded = iter(encoder.encode_many([rec for _, rec in parsed if not isinstance(rec, BadRecord)]))
+    results = [(line_no, rec if isinstance(rec, BadRecord) else next(encoded)) for line_no, rec in parsed]
+    kept = [(line_no, *result) for line_no, result in results if not isinstance(result, BadRecord)]
+    ids, masks = [sample_ids for _, sample_ids, _, _ in kept], [mask for _, _, mask, _ in kept]
     return ChunkResult(
-        ids=np.concatenate(ids) if ids else np.zeros(0, np.int32),
-        mask=np.concatenate(masks) if masks else np.zeros(0, np.bool_),
-        lengths=np.asarray(lengths, dtype=np.int32),
-        lines=np.asarray(lines, dtype=np.int32),
-        loss_tokens=np.asarray(loss, dtype=np.int64),
-        truncated=np.asarray(truncated, dtype=np.bool_),
-        skips=skips,
+        ids=np.concatenate([np.zeros(0, np.int32), *ids]),
+        mask=np.concatenate([np.zeros(0, np.bool_), *masks]),
+        lengths=np.asarray([len(sample_ids) for sample_ids in ids], dtype=np.int32),
+        lines=np.asarray([line_no for line_no, _, _, _ in kept], dtype=np.int32),
+        loss_tokens=np.asarray([int(mask.sum()) for mask in masks], dtype=np.int64),
+        truncated=np.asarray([cut for _, _, _, cut in kept], dtype=np.bool_),
+        skips=[(result.reason, line_no) for line_no, result in results if isinstance(result, BadRecord)],
     )
 
 
