@@ -29,10 +29,7 @@ def run_bound(counts: list[int], max_run: int) -> int:
 def _feasible(remaining: list[int], last: int, run: int, bound: int) -> bool:
     """Can `remaining` still be laid out with no run over `bound`, given the current trailing run?"""
     rest = sum(remaining)
-    for b, c in enumerate(remaining):
-        if c and c > bound * (rest - c + 1) - (run if b == last else 0):
-            return False
-    return True
+    return all(c <= bound * (rest - c + 1) - (run if b == last else 0) for b, c in enumerate(remaining) if c)
 
 
 def interleave(
@@ -58,11 +55,8 @@ def interleave(
         bound += 1
     out = np.empty(total, dtype=np.int32)
     for t in range(total):
-        candidates = sorted(
-            (stride[b] * (taken[b] + offset[b] + jitter[b][taken[b]]), priority[b], b)
-            for b in range(len(counts))
-            if remaining[b]
-        )
+        candidates = sorted((stride[b] * (taken[b] + offset[b] + jitter[b][taken[b]]), priority[b], b)
+                            for b in range(len(counts)) if remaining[b])
         choice = candidates[0][2]
         for _, _, b in candidates:
             if b == last and run >= bound:
