@@ -170,8 +170,7 @@ class BatchSampler:
             return float(self.budget)
         per_token = []
         for idx in self.members:
-            bounds = self._pack(idx, math.inf)
-            batches = [idx[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+            batches = np.split(idx, self._pack(idx, math.inf)[1:-1])
             per_token.append(np.median([batch_cost(ids, self.costs) / (len(ids) * self.lengths[ids].max())
                                         for ids in batches]))
         return float(min(per_token) * self.budget)
@@ -220,7 +219,7 @@ class BatchSampler:
         out = []
         for idx, bounds, slots in zip(self.members, self.bounds, self.slot_counts, strict=True):
             order = idx[np.lexsort((rng.random(len(idx)), self.lengths[idx]))]
-            batches = [order[bounds[k] : bounds[k + 1]] for k in range(len(bounds) - 1)]
+            batches = np.split(order, bounds[1:-1])
             out.append([batches[k] for k in np.resize(rng.permutation(len(batches)), slots)])
         return out
 
@@ -307,10 +306,8 @@ class BatchSampler:
         per_rank = costs.reshape(self.updates_per_epoch, self.world_size, self.grad_accum).sum(axis=2)
         warnings = []
         if self.bound is not None and self.bound > self.cfg.max_same_bucket_run:
-            warnings.append(
-                f"one bucket holds too many batches for runs of {self.cfg.max_same_bucket_run}; "
-                f"runs are bounded by {self.bound} instead (use finer buckets)"
-            )
+            warnings.append(f"one bucket holds too many batches for runs of {self.cfg.max_same_bucket_run}; "
+                            f"runs are bounded by {self.bound} instead (use finer buckets)")
         return {
             "buckets": buckets,
             "batches": self.updates_per_epoch * self.update_size,
