@@ -78,25 +78,16 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                raise BadRecord("bad_field")
-        return "".join(parts)
+        texts = [part.get("text") if isinstance(part, dict) else part for part in content]
+        if all(isinstance(text, str) for text in texts):
+            return "".join(texts)
     raise BadRecord("bad_field")
 
 
 def _parse_turn(turn: Any) -> dict[str, str]:
     if not isinstance(turn, dict):
         raise BadRecord("bad_field")
-    if "from" in turn or "value" in turn:
-        role_key, content_key = "from", "value"
-    else:
-        role_key, content_key = "role", "content"
+    role_key, content_key = ("from", "value") if "from" in turn or "value" in turn else ("role", "content")
     if role_key not in turn or content_key not in turn:
         raise BadRecord("missing_field")
     role = turn[role_key]
