@@ -17,20 +17,13 @@ from blockdraft.commands import VERBS
 from blockdraft.errors import UserError
 
 
-def _chosen_verb(argv: list[str]) -> str | None:
-    """The verb named on the command line: the first argument that is not an option."""
-    for arg in argv:
-        if not arg.startswith("-"):
-            return arg if arg in VERBS else None
-    return None
-
-
 def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, ModuleType | None]:
     """The parser, and the chosen verb's module (None when no verb is named)."""
     parser = argparse.ArgumentParser(prog="blockdraft", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"blockdraft {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
-    chosen = _chosen_verb(sys.argv[1:] if argv is None else argv)
+    # the verb named on the command line: the first argument that is not an option
+    chosen = next((arg for arg in (sys.argv[1:] if argv is None else argv) if not arg.startswith("-")), None)
     module = None
     for verb, (module_name, help_text) in VERBS.items():
         p = sub.add_parser(verb, help=help_text, description=help_text)

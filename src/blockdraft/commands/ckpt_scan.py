@@ -32,10 +32,6 @@ def _flatten(node: Any, prefix: str) -> list[tuple[str, Any]]:
     return []
 
 
-def _finite_or_none(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
 def tensor_stats(name: str, t: Any) -> dict[str, Any]:
     """Statistics over the finite values (in float64), plus how many values are NaN or +-Inf."""
     import torch
@@ -51,9 +47,9 @@ def tensor_stats(name: str, t: Any) -> dict[str, Any]:
         row["inf"] = int(torch.isinf(x).sum())
         x = x[torch.isfinite(x)]
     if x.numel():
-        row.update(min=float(x.min()), max=float(x.max()), mean=float(x.mean()),
-                   std=float(x.std()) if x.numel() > 1 else 0.0)
-        row.update({k: _finite_or_none(row[k]) for k in ("min", "max", "mean", "std")})
+        stats = {"min": float(x.min()), "max": float(x.max()), "mean": float(x.mean()),
+                 "std": float(x.std()) if x.numel() > 1 else 0.0}
+        row.update({k: v if math.isfinite(v) else None for k, v in stats.items()})  # huge values can overflow
     return row
 
 
@@ -83,11 +79,10 @@ def _fmt(x: float | None) -> str:
 
 def _print_table(report: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
-    table = Table(title=report["path"], title_justify="left")
-    for col in ("tensor", "shape", "dtype", "min", "max", "mean", "std", "NaN", "Inf"):
-        table.add_column(col, justify="left" if col in ("tensor", "shape", "dtype") else "right")
+    numbers = (Column(c, justify="right") for c in ("min", "max", "mean", "std", "NaN", "Inf"))
+    table = Table("tensor", "shape", "dtype", *numbers, title=report["path"], title_justify="left")
     for r in report["tensors"]:
         style = "bold red" if r["nan"] or r["inf"] else None
         table.add_row(r["name"], "x".join(map(str, r["shape"])) or "scalar", r["dtype"], _fmt(r["min"]),

@@ -1,10 +1,8 @@
 """`blockdraft data FILE... --target DIR_OR_ID`: inspect a dataset before a four-day run.
 
-Reads and tokenises the files (filling the cache the run will use), then reports counts, skip
-reasons with line numbers, the length histogram and the batch plan for `--world-size` ranks of
-`--grad-accum` micro-batches (how each update mixes the buckets); `--json` prints one object. The
-micro-batches are cut by the cost model of the run (the target's config.json, the config's drafter and
-anchors), as training cuts them.
+Tokenises the files into the cache the run will use, then reports counts, skips by line, lengths and
+the batch plan of `--world-size` x `--grad-accum` micro-batches an update, cut by the run's own cost
+model (the target's config.json, the config's drafter and anchors), as training cuts them.
 """
 
 from __future__ import annotations
@@ -24,12 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["auto", "messages", "conversations", "text"])
     parser.add_argument("--max-len", type=int, metavar="N")
     parser.add_argument("--overlong", choices=["truncate", "drop"])
-    parser.add_argument(
-        "--thinking",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="render chats with thinking on (enable_thinking)",
-    )
+    parser.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=None,
+                        help="render chats with thinking on (enable_thinking)")
     parser.add_argument("--tokens-per-batch", type=int, metavar="N", help="padded tokens per micro-batch, at most")
     parser.add_argument("--batch-cost", choices=["flops", "tokens"], help="what a micro-batch's budget counts")
     parser.add_argument("--buckets", metavar="auto|B1,B2,...", help="length bucket boundaries")
@@ -60,20 +54,11 @@ def run_config(args: argparse.Namespace) -> Any:
     from blockdraft.config import Config, load_config
 
     base = load_config(args.config, []) if args.config else Config.model_validate({"target": {"path": args.target}})
-    flags = {
-        "format": args.format,
-        "max_len": args.max_len,
-        "overlong": args.overlong,
-        "thinking": args.thinking,
-        "tokens_per_batch": args.tokens_per_batch,
-        "batch_cost": args.batch_cost,
-        "buckets": _parse_buckets(args.buckets) if args.buckets else None,
-        "max_same_bucket_run": args.max_same_bucket_run,
-        "interleave": False if args.no_interleave else None,
-        "cache_dir": args.cache_dir,
-        "num_workers": args.num_workers,
-        "train_files": list(args.files) or None,
-    }
+    same_name = ("format", "max_len", "overlong", "thinking", "tokens_per_batch", "batch_cost", "max_same_bucket_run",
+                 "cache_dir", "num_workers")
+    flags = {key: getattr(args, key) for key in same_name}
+    flags.update(buckets=_parse_buckets(args.buckets) if args.buckets else None,
+                 interleave=False if args.no_interleave else None, train_files=list(args.files) or None)
     updates = {k: v for k, v in flags.items() if v is not None}
     try:
         data = type(base.data).model_validate({**base.data.model_dump(), **updates})

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.evaluate.runner import evaluate as evaluate_modes
     from blockdraft.model.export import load_drafter, save_drafter
     from blockdraft.model.target import load_target
-    from blockdraft.telemetry.log import RunLog
+    from blockdraft.telemetry.log import RunLog, read_log
     from blockdraft.train.checkpoint import load_checkpoint
     from blockdraft.train.loop import Trainer
 
@@ -92,10 +92,11 @@ def run(args: argparse.Namespace) -> int:
     prompts = heldout_prompts(cfg.eval, tokenizer)
     (report,), _ = evaluate_modes(target, drafter, prompts, cfg.eval.max_new_tokens, tokenizer.eos_token_id, budgets=[],
                                   batch_size=cfg.eval.batch_size)
+    steps_logged = [r for r in read_log(out / "log.jsonl") if r.get("kind") == "step"]
     log = RunLog(out / "log.jsonl")
     log.write("eval", result.last_step, tau=report.tau, tau_hist=report.tau_hist, prompts=len(prompts),
               mode="path", budget=None, tokens=report.tokens, speedup=report.speedup, lossless=report.lossless,
-              source="export", tau_est_train=_last_tau_est(out / "log.jsonl"))
+              source="export", tau_est_train=steps_logged[-1].get("tau_est") if steps_logged else None)
     log.close()
 
     table = Table(title="blockdraft demo", show_header=False)
@@ -112,10 +113,3 @@ def run(args: argparse.Namespace) -> int:
     console.print("next: [bold]blockdraft doctor[/] " + str(out) + "   |   [bold]blockdraft eval[/] --target "
                   f"{ASSETS / 'demo-target'} --drafter {export_dir} --prompts {heldout_file}")
     return 0
-
-
-def _last_tau_est(log_path: Path) -> float | None:
-    from blockdraft.telemetry.log import read_log
-
-    steps = [r for r in read_log(log_path) if r.get("kind") == "step"]
-    return steps[-1].get("tau_est") if steps else None

@@ -1,7 +1,4 @@
-"""`blockdraft doctor RUN_DIR_OR_LOG`: diagnose a run from its log.jsonl.
-
-Imports only argparse at module level; numpy, rich and matplotlib load inside `run`.
-"""
+"""`blockdraft doctor RUN_DIR_OR_LOG`: diagnose a run from its log.jsonl (numpy, rich and matplotlib load in `run`)."""
 
 from __future__ import annotations
 
@@ -13,34 +10,19 @@ LEVELS = ("info", "warning", "error")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "path",
-        metavar="RUN_DIR_OR_LOG",
-        help="a run folder or log: blockdraft log.jsonl, any JSONL, HF trainer_state.json or checkpoint folder, "
-        "W&B CSV or wandb-history.jsonl, TensorBoard event files",
-    )
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        help="the run's config (YAML/JSON, blockdraft's or another trainer's) so the settings checks can run",
-    )
+    parser.add_argument("path", metavar="RUN_DIR_OR_LOG",
+                        help="a run folder or log: blockdraft log.jsonl, any JSONL, HF trainer_state.json or "
+                        "checkpoint folder, W&B CSV or wandb-history.jsonl, TensorBoard event files")
+    parser.add_argument("--config", metavar="FILE", help="the run's config (YAML/JSON, blockdraft's or another "
+                        "trainer's) so the settings checks can run")
     parser.add_argument("--json", action="store_true", help="print the findings as a JSON list instead of a table")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with charts")
-    parser.add_argument(
-        "--fail-on",
-        choices=LEVELS,
-        metavar="LEVEL",
-        help="exit 1 if any finding is at least this severe (info|warning|error)",
-    )
-    parser.add_argument(
-        "--map",
-        dest="mapping",
-        metavar="OURS=THEIRS,...",
-        help="read a foreign log: e.g. loss=train/loss,acc=train/acc,step=global_step",
-    )
-    parser.add_argument(
-        "--follow", action="store_true", help="keep watching a growing log and print new findings as they appear"
-    )
+    parser.add_argument("--fail-on", choices=LEVELS, metavar="LEVEL",
+                        help="exit 1 if any finding is at least this severe (info|warning|error)")
+    parser.add_argument("--map", dest="mapping", metavar="OURS=THEIRS,...",
+                        help="read a foreign log: e.g. loss=train/loss,acc=train/acc,step=global_step")
+    parser.add_argument("--follow", action="store_true",
+                        help="keep watching a growing log and print new findings as they appear")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -46,7 +46,6 @@ def parse_budgets(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-
     from blockdraft.config import EvalConfig
     from blockdraft.device import pick_device
     from blockdraft.evaluate.prompts import load_prompts
@@ -113,34 +112,24 @@ def _progress_printer(every_s: float = 10.0):
 
 def _print_tables(summary: dict, results) -> None:
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
     def fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
         return "n/a" if x is None else f"{x:{spec}}{suffix}"
 
     console = Console()
-    t = Table(title=f"blockdraft eval: {summary['prompts']} prompts, T={summary['temperature']:g}, "
-                    f"B={summary['block_size']}, target-only {summary['target_tokens_per_s']:.1f} tok/s")
-    for col in ("mode", "tau", "tokens", "tok/s", "speedup", "lossless", "tau per prompt"):
-        t.add_column(col)
-    for r in results:
-        t.add_row(
-            "path" if r.budget is None else f"tree {r.budget}",
-            fmt(r.tau),
-            str(r.tokens),
-            fmt(r.tokens_per_s, ".1f"),
-            fmt(r.speedup, ".2f", "x"),
-            "-" if r.lossless is None else ("yes" if r.lossless else "NO"),
-            " ".join(f"{x:.2f}" for x in r.per_prompt),
-        )
+    t = Table("mode", "tau", "tokens", "tok/s", "speedup", "lossless", "tau per prompt",
+              title=f"blockdraft eval: {summary['prompts']} prompts, T={summary['temperature']:g}, "
+              f"B={summary['block_size']}, target-only {summary['target_tokens_per_s']:.1f} tok/s")
+    names = ["path" if r.budget is None else f"tree {r.budget}" for r in results]
+    for name, r in zip(names, results, strict=True):
+        lossless = "-" if r.lossless is None else ("yes" if r.lossless else "NO")
+        t.add_row(name, fmt(r.tau), str(r.tokens), fmt(r.tokens_per_s, ".1f"), fmt(r.speedup, ".2f", "x"), lossless,
+                  " ".join(f"{x:.2f}" for x in r.per_prompt))
     console.print(t)
-    h = Table(title="tau histogram (rounds) and acceptance per block position")
-    h.add_column("mode")
-    block = summary["block_size"]
-    for k in range(1, block + 1):
-        h.add_column(f"tau={k}", justify="right")
-    for r in results:
-        name = "path" if r.budget is None else f"tree {r.budget}"
+    taus = (Column(f"tau={k}", justify="right") for k in range(1, summary["block_size"] + 1))
+    h = Table("mode", *taus, title="tau histogram (rounds) and acceptance per block position")
+    for name, r in zip(names, results, strict=True):
         h.add_row(name, *map(str, r.tau_hist[1:]))
         h.add_row("  accepted", "", *(f"{a:.0%}" for a in r.accept_per_pos))
     console.print(h)

@@ -1,26 +1,18 @@
 """Length buckets, cost-balanced micro-batches, and an epoch of updates that each mix the buckets.
 
-Why: grouping samples by length saves padding, but ordering the resulting batches bucket by bucket
-(or shuffling them freely when one bucket dominates) gives long runs of long batches, and the loss
-goes multimodal ("gradient whiplash": the seed incident). The same holds one level up: an update
-whose world_size x grad_accum micro-batches all come from one bucket has that bucket's gradient and
-loss. Here:
-- inside a bucket, samples are sorted by length (ties broken at random each epoch) and cut into
-  micro-batches of at most `cost_budget` (data/cost.py: model FLOPs, or padded tokens with
-  `data.batch_cost=tokens`) and at most `tokens_per_batch` padded tokens, so padding stays tiny, a
-  micro-batch of many short samples takes about as long as one of two long ones, and the number of
-  batches is the same every epoch;
-- the epoch is one global sequence of micro-batches, cut into updates of G = world_size x grad_accum
-  consecutive ones, in the stride-scheduled bucket order of data/interleave.py: every update is a
-  small stratified sample of the length mix (each bucket holds about G * n_b / N of its micro-batches)
-  and same-bucket runs are bounded; when one bucket is too big for the bound, `describe()` warns. An
-  update of fewer slots than buckets takes the next buckets of the same sequence;
-- rank r takes micro-batches r*A .. r*A + A-1 of each update (rank-major). The epoch's slot count is
-  rounded up to a multiple of G by repeating a few batches, spread over the buckets by their shares.
-Everything is a pure function of (lengths, costs, config, seed, epoch, G): the updates do not depend
-on how G splits into ranks and accumulation, which makes resumption exact, at another world size too
-when G is the same. A position saved at another G moves to the same fraction of its epoch
-(`carry_over`).
+Why: ordering length-bucketed batches bucket by bucket (or shuffling freely when one bucket
+dominates) gives long runs of long batches and a multimodal loss ("gradient whiplash": the seed
+incident); an update whose world_size x grad_accum micro-batches come from one bucket does the same.
+- inside a bucket, samples sorted by length (ties broken at random each epoch) are cut into
+  micro-batches of at most `cost_budget` (data/cost.py) and `tokens_per_batch` padded tokens: little
+  padding, about equal time per micro-batch, the same batch count every epoch;
+- the epoch is one global sequence of micro-batches in the stride-scheduled bucket order of
+  data/interleave.py, cut into updates of G = world_size x grad_accum consecutive ones, so each update
+  is a small stratified sample of the length mix; rank r takes slots r*A .. r*A + A-1 of each update.
+  The slot count is rounded up to a multiple of G by repeating a few batches, spread over the buckets.
+Everything is a pure function of (lengths, costs, config, seed, epoch, G), not of how G splits into
+ranks and accumulation: resumption is exact, at another world size too when G is the same; a position
+saved at another G moves to the same fraction of its epoch (`carry_over`).
 """
 
 from __future__ import annotations
@@ -67,21 +59,18 @@ class PlannedBatch:
     cost: float
 
 
-def auto_cuts(lengths: np.ndarray, n_buckets: int = AUTO_BUCKETS) -> list[int]:
-    """Cut points giving about `n_buckets` buckets of equal total tokens (so about equal batch counts)."""
+def bucket_cuts(lengths: np.ndarray, buckets: list[int] | str) -> list[int]:
+    """The configured cut points; `auto`: about AUTO_BUCKETS buckets of equal total tokens (so about
+    equal batch counts)."""
+    if buckets != "auto":
+        return sorted({int(b) for b in buckets if int(b) > 0})
     s = np.sort(lengths.astype(np.int64))
     cum = np.cumsum(s)
     cuts = set()
-    for k in range(1, n_buckets):
-        idx = int(np.searchsorted(cum, cum[-1] * k / n_buckets))
+    for k in range(1, AUTO_BUCKETS):
+        idx = int(np.searchsorted(cum, cum[-1] * k / AUTO_BUCKETS))
         cuts.add(int(s[min(idx, len(s) - 1)]))
     return sorted(c for c in cuts if c > s[0])
-
-
-def bucket_cuts(lengths: np.ndarray, buckets: list[int] | str) -> list[int]:
-    if buckets == "auto":
-        return auto_cuts(lengths)
-    return sorted({int(b) for b in buckets if int(b) > 0})
 
 
 def pack_sorted(
@@ -126,16 +115,8 @@ class BatchSampler:
     tokens. Update k (0-based within the epoch) is global slots kG .. kG + G - 1.
     """
 
-    def __init__(
-        self,
-        lengths: np.ndarray,
-        cfg: DataConfig,
-        seed: int,
-        rank: int = 0,
-        world_size: int = 1,
-        grad_accum: int = 1,
-        costs: SampleCosts | None = None,
-    ):
+    def __init__(self, lengths: np.ndarray, cfg: DataConfig, seed: int, rank: int = 0, world_size: int = 1,
+                 grad_accum: int = 1, costs: SampleCosts | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         if grad_accum < 1:
@@ -159,10 +140,8 @@ class BatchSampler:
         self.bucket_of = np.searchsorted(used, raw).astype(np.int32)
         edges = [0, *cuts, None]
         self.edges = [(edges[k], edges[k + 1]) for k in used.tolist()]
-        self.members: list[np.ndarray] = []
-        for b in range(len(used)):
-            idx = np.flatnonzero(self.bucket_of == b)
-            self.members.append(idx[np.argsort(self.lengths[idx], kind="stable")])
+        by_length = np.lexsort((self.lengths, self.bucket_of))  # stable: equal lengths keep their order
+        self.members = np.split(by_length, np.cumsum(np.bincount(self.bucket_of))[:-1])  # per bucket, ascending
         self.cost_budget = self._cost_budget()
         self.bounds = [self._pack(idx, self.cost_budget) for idx in self.members]
         self.batch_counts = [len(bd) - 1 for bd in self.bounds]
@@ -191,8 +170,7 @@ class BatchSampler:
             return float(self.budget)
         per_token = []
         for idx in self.members:
-            bounds = self._pack(idx, math.inf)
-            batches = [idx[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+            batches = np.split(idx, self._pack(idx, math.inf)[1:-1])
             per_token.append(np.median([batch_cost(ids, self.costs) / (len(ids) * self.lengths[ids].max())
                                         for ids in batches]))
         return float(min(per_token) * self.budget)
@@ -211,23 +189,20 @@ class BatchSampler:
     def schedule(self, epoch: int) -> np.ndarray:
         """Bucket of each global slot of `epoch`; epoch e continues the run that epoch e-1 ended with."""
         with self._lock:
-            return self._schedule(epoch)
-
-    def _schedule(self, epoch: int) -> np.ndarray:
-        if epoch in self._schedules:
-            return self._schedules[epoch]
-        if not self.cfg.interleave:
-            seq = homogeneous(self.slot_counts, self._rng(epoch, 1))
-        else:
-            done = [e for e in self._schedules if e < epoch]
-            start = max(done) + 1 if done else 0
-            tail = tail_run(self._schedules[start - 1]) if start > 0 else None
-            for e in range(start, epoch + 1):
-                seq = interleave(self.slot_counts, self._rng(e, 1), self.cfg.max_same_bucket_run, tail)
-                tail = tail_run(seq)
-                self._remember(self._schedules, e, seq)
-        self._remember(self._schedules, epoch, seq)
-        return seq
+            if epoch in self._schedules:
+                return self._schedules[epoch]
+            if not self.cfg.interleave:
+                seq = homogeneous(self.slot_counts, self._rng(epoch, 1))
+            else:
+                done = [e for e in self._schedules if e < epoch]
+                start = max(done) + 1 if done else 0
+                tail = tail_run(self._schedules[start - 1]) if start > 0 else None
+                for e in range(start, epoch + 1):
+                    seq = interleave(self.slot_counts, self._rng(e, 1), self.cfg.max_same_bucket_run, tail)
+                    tail = tail_run(seq)
+                    self._remember(self._schedules, e, seq)
+            self._remember(self._schedules, epoch, seq)
+            return seq
 
     @staticmethod
     def _remember(cache: dict, epoch: int, value: Any) -> None:
@@ -244,38 +219,30 @@ class BatchSampler:
         out = []
         for idx, bounds, slots in zip(self.members, self.bounds, self.slot_counts, strict=True):
             order = idx[np.lexsort((rng.random(len(idx)), self.lengths[idx]))]
-            batches = [order[bounds[k] : bounds[k + 1]] for k in range(len(bounds) - 1)]
+            batches = np.split(order, bounds[1:-1])
             out.append([batches[k] for k in np.resize(rng.permutation(len(batches)), slots)])
         return out
 
     def global_plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
         """(bucket, sample ids) of every global slot of `epoch`, in order: the same on every rank."""
-        per_bucket = self._global_batches(epoch)
-        taken = [0] * len(per_bucket)
-        out = []
-        for b in self.schedule(epoch).tolist():
-            out.append((b, per_bucket[b][taken[b]]))
-            taken[b] += 1
-        return out
+        per_bucket = [iter(batches) for batches in self._global_batches(epoch)]
+        return [(b, next(per_bucket[b])) for b in self.schedule(epoch).tolist()]
 
     def plan(self, epoch: int) -> list[PlannedBatch]:
         """This rank's batches of `epoch`, in order."""
         with self._lock:
-            return self._plan(epoch)
-
-    def _plan(self, epoch: int) -> list[PlannedBatch]:
-        if epoch in self._plans:
-            return self._plans[epoch]
-        g, a = self.update_size, self.grad_accum
-        plan = []
-        for slot, (b, ids) in enumerate(self.global_plan(epoch)):
-            if (slot % g) // a != self.rank:
-                continue
-            lens = self.lengths[ids]
-            plan.append(PlannedBatch(epoch, len(plan), slot, b, ids, int(lens.sum()), int(lens.max()) * len(ids),
-                                     batch_cost(ids, self.costs)))
-        self._remember(self._plans, epoch, plan)
-        return plan
+            if epoch in self._plans:
+                return self._plans[epoch]
+            g, a = self.update_size, self.grad_accum
+            plan = []
+            for slot, (b, ids) in enumerate(self.global_plan(epoch)):
+                if (slot % g) // a != self.rank:
+                    continue
+                lens = self.lengths[ids]
+                plan.append(PlannedBatch(epoch, len(plan), slot, b, ids, int(lens.sum()), int(lens.max()) * len(ids),
+                                         batch_cost(ids, self.costs)))
+            self._remember(self._plans, epoch, plan)
+            return plan
 
     def next(self) -> PlannedBatch:
         """The batch at the current position; then advance (epochs follow each other forever)."""
@@ -329,17 +296,9 @@ class BatchSampler:
         buckets = []
         for b, (lo, hi) in enumerate(self.edges):
             lens = self.lengths[self.members[b]]
-            buckets.append(
-                {
-                    "lo": lo,
-                    "hi": hi if hi is not None else int(lens.max()) + 1,
-                    "samples": len(lens),
-                    "batches": self.slot_counts[b],
-                    "token_share": round(float(lens.sum()) / total_real, 4),
-                    "min_len": int(lens.min()),
-                    "max_len": int(lens.max()),
-                }
-            )
+            buckets.append({"lo": lo, "hi": hi if hi is not None else int(lens.max()) + 1, "samples": len(lens),
+                            "batches": self.slot_counts[b], "token_share": round(float(lens.sum()) / total_real, 4),
+                            "min_len": int(lens.min()), "max_len": int(lens.max())})
         real = sum(int(self.lengths[ids].sum()) for _, ids in slots)
         padded = sum(len(ids) * int(self.lengths[ids].max()) for _, ids in slots)
         seq_lens = np.asarray([int(self.lengths[ids].max()) for _, ids in slots])
@@ -347,10 +306,8 @@ class BatchSampler:
         per_rank = costs.reshape(self.updates_per_epoch, self.world_size, self.grad_accum).sum(axis=2)
         warnings = []
         if self.bound is not None and self.bound > self.cfg.max_same_bucket_run:
-            warnings.append(
-                f"one bucket holds too many batches for runs of {self.cfg.max_same_bucket_run}; "
-                f"runs are bounded by {self.bound} instead (use finer buckets)"
-            )
+            warnings.append(f"one bucket holds too many batches for runs of {self.cfg.max_same_bucket_run}; "
+                            f"runs are bounded by {self.bound} instead (use finer buckets)")
         return {
             "buckets": buckets,
             "batches": self.updates_per_epoch * self.update_size,

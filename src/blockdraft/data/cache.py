@@ -1,10 +1,8 @@
 """Tokenise a dataset once, in parallel, and keep it on disk as memory-mappable arrays.
 
-The cache key hashes everything the tokens depend on: the data files' bytes, the tokenizer
-(vocabulary, merges, normaliser, post-processor, chat template, special tokens), the template options
-and max_len. A re-run with the same inputs maps the arrays and starts at once; changing any input
-gives a new key, so a stale cache is never read. Entries are written to a temporary folder and
-renamed into place, so a crash or a second rank racing on the same key never leaves a torn entry.
+The key hashes everything the tokens depend on (the files' bytes, the whole tokenizer with its chat
+template, the template options, max_len), so a stale entry is never read. Entries are renamed into
+place when whole, so a crash or a second rank racing on the same key never leaves a torn one.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from blockdraft.data.reading import BadRecord, Chunk, Record, check_files, iter_chunks, parse_item
+from blockdraft.data.reading import BadRecord, Chunk, check_files, iter_chunks, parse_chunk
 from blockdraft.data.report import DataReport
 from blockdraft.data.tokenize import SampleEncoder
 from blockdraft.errors import UserError
@@ -51,35 +49,19 @@ class ChunkResult:
 
 def encode_chunk(encoder: SampleEncoder, fmt: str, chunk: Chunk) -> ChunkResult:
     """Parse a chunk's lines, then encode its good records together (`SampleEncoder.encode_many`)."""
-    parsed: list[tuple[int, Record | BadRecord]] = []
-    for line_no, item in chunk:
-        try:
-            parsed.append((line_no, parse_item(item, fmt)))
-        except BadRecord as bad:
-            parsed.append((line_no, bad))
-    good = [rec for _, rec in parsed if not isinstance(rec, BadRecord)]
-    encoded = iter(encoder.encode_many(good))
-    ids, masks, lengths, lines, loss, truncated, skips = [], [], [], [], [], [], []
-    for line_no, rec in parsed:
-        result = rec if isinstance(rec, BadRecord) else next(encoded)
-        if isinstance(result, BadRecord):
-            skips.append((result.reason, line_no))
-            continue
-        sample_ids, mask, cut = result
-        ids.append(sample_ids)
-        masks.append(mask)
-        lengths.append(len(sample_ids))
-        lines.append(line_no)
-        loss.append(int(mask.sum()))
-        truncated.append(cut)
+    parsed = parse_chunk(chunk, fmt)
+    encoded = iter(encoder.encode_many([rec for _, rec in parsed if not isinstance(rec, BadRecord)]))
+    results = [(line_no, rec if isinstance(rec, BadRecord) else next(encoded)) for line_no, rec in parsed]
+    kept = [(line_no, *result) for line_no, result in results if not isinstance(result, BadRecord)]
+    ids, masks = [sample_ids for _, sample_ids, _, _ in kept], [mask for _, _, mask, _ in kept]
     return ChunkResult(
-        ids=np.concatenate(ids) if ids else np.zeros(0, np.int32),
-        mask=np.concatenate(masks) if masks else np.zeros(0, np.bool_),
-        lengths=np.asarray(lengths, dtype=np.int32),
-        lines=np.asarray(lines, dtype=np.int32),
-        loss_tokens=np.asarray(loss, dtype=np.int64),
-        truncated=np.asarray(truncated, dtype=np.bool_),
-        skips=skips,
+        ids=np.concatenate([np.zeros(0, np.int32), *ids]),
+        mask=np.concatenate([np.zeros(0, np.bool_), *masks]),
+        lengths=np.asarray([len(sample_ids) for sample_ids in ids], dtype=np.int32),
+        lines=np.asarray([line_no for line_no, _, _, _ in kept], dtype=np.int32),
+        loss_tokens=np.asarray([int(mask.sum()) for mask in masks], dtype=np.int64),
+        truncated=np.asarray([cut for _, _, _, cut in kept], dtype=np.bool_),
+        skips=[(result.reason, line_no) for line_no, result in results if isinstance(result, BadRecord)],
     )
 
 
@@ -173,13 +155,6 @@ class TokenizedDataset:
         return f"{self.files[file_index]}:{line}"
 
 
-def _start_method() -> str:
-    """fork on Linux: workers inherit the loaded tokenizer instead of importing torch+transformers
-    again (5 s each); they run only the encoder (Python + the Rust tokenizer without its thread pool).
-    """
-    return "fork" if sys.platform == "linux" else "spawn"
-
-
 def _encoded_chunks(
     paths: list[Path], encoder: SampleEncoder, fmt: str, workers: int
 ) -> Iterator[tuple[int, int, ChunkResult]]:
@@ -189,7 +164,8 @@ def _encoded_chunks(
         for fi, chunk, done in tasks:
             yield fi, done, encode_chunk(encoder, fmt, chunk)
         return
-    ctx = multiprocessing.get_context(_start_method())
+    # fork on Linux: workers inherit the loaded tokenizer instead of importing torch+transformers again (5 s each)
+    ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     with ctx.Pool(workers, initializer=_init_worker, initargs=(encoder, fmt)) as pool:
         pending: deque = deque()
         for fi, chunk, done in tasks:
@@ -204,26 +180,11 @@ def _encoded_chunks(
 
 def _progress(enabled: bool):
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    return Progress(
-        TextColumn("tokenising"),
-        BarColumn(),
-        DownloadColumn(),
-        TextColumn("{task.fields[samples]} samples"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        disable=not enabled,
-        transient=False,
-    )
+    columns = (TextColumn("tokenising"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[samples]} samples"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    return Progress(*columns, console=Console(stderr=True), disable=not enabled)
 
 
 def build_cache(paths: list[Path], tokenizer: Any, cfg: DataConfig, entry: Path, progress: bool) -> DataReport:
@@ -236,12 +197,9 @@ def build_cache(paths: list[Path], tokenizer: Any, cfg: DataConfig, entry: Path,
     tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=entry.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a shared cache must be readable by every rank's user
     try:
-        lengths, lines, file_ids = [], [], []
-        with (
-            open(tmp / "ids.bin", "wb") as ids_fh,
-            open(tmp / "mask.bin", "wb") as mask_fh,
-            _progress(progress) as bar,
-        ):
+        empty = np.zeros(0, np.int32)  # np.concatenate needs one array at least
+        lengths, lines, file_ids = [empty], [empty], [empty]
+        with open(tmp / "ids.bin", "wb") as ids_fh, open(tmp / "mask.bin", "wb") as mask_fh, _progress(progress) as bar:
             task = bar.add_task("tokenising", total=total_bytes, samples=0)
             for fi, done, res in _encoded_chunks(paths, encoder, cfg.format, workers):
                 res.ids.tofile(ids_fh)
@@ -254,19 +212,10 @@ def build_cache(paths: list[Path], tokenizer: Any, cfg: DataConfig, entry: Path,
                 for reason, line in res.skips:
                     report.skip(reason, f"{paths[fi]}:{line}")
                 bar.update(task, advance=done, samples=report.samples_used)
-        all_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
-        offsets = np.zeros(len(all_lengths) + 1, dtype=np.int64)
-        np.cumsum(all_lengths, out=offsets[1:])
-        np.save(tmp / "lengths.npy", all_lengths.astype(np.int32))
-        np.save(tmp / "offsets.npy", offsets)
-        sources = np.stack(
-            [
-                np.concatenate(file_ids) if file_ids else np.zeros(0, np.int32),
-                np.concatenate(lines) if lines else np.zeros(0, np.int32),
-            ],
-            axis=1,
-        )
-        np.save(tmp / "sources.npy", sources)
+        all_lengths = np.concatenate(lengths)
+        np.save(tmp / "lengths.npy", all_lengths)
+        np.save(tmp / "offsets.npy", np.concatenate([[0], np.cumsum(all_lengths, dtype=np.int64)]))
+        np.save(tmp / "sources.npy", np.stack([np.concatenate(file_ids), np.concatenate(lines)], axis=1))
         meta = {"version": CACHE_VERSION, "files": report.files, "report": report.as_record()}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         try:

@@ -1,21 +1,17 @@
 """What a micro-batch costs, from its samples alone: the number the batch plan cuts micro-batches by.
 
-Why: with data parallelism every rank waits for the slowest at the update's all-reduce, and a padded-
-token budget does not make micro-batches equally slow. A short sequence brings up to `num_anchors`
-blocks of B queries for few context tokens, a long one few blocks for many tokens: per token, the
-drafter's work differs several times between buckets. The model FLOPs of `model/flops.py` (one
-definition of the cost rule) give, per micro-batch of n rows padded to width T,
-  cost = n * row(T)            the frozen target's forward over the padded batch
-       + sum_i work(sample i)  the drafter over sample i's context, blocks and labels
-The drafter terms are linear in (context tokens, blocks, context seen, labels), so a sample's share
-is exact and additive; its blocks are min(num_anchors, anchor candidates) and the context each block
-sees is taken at its expectation (the mean candidate position), as `blockdraft bench` counts them.
-`TokenCost` is the padded-token rule (row(T) = T, no per-sample term).
+Why: every rank waits for the slowest at the all-reduce, and equal padded tokens are not equal time:
+a short sequence brings up to `num_anchors` blocks for few context tokens, a long one few blocks for
+many. With the model FLOPs of `model/flops.py`, a micro-batch of n rows padded to width T costs
+  n * row(T)             the frozen target's forward over the padded batch
+  + sum_i work(sample i) the drafter over sample i's context, blocks and labels (linear, so additive;
+                         the context a block sees is taken at its expectation, as `blockdraft bench` does)
+`token_costs` is the padded-token rule (row(T) = T, no per-sample term).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -91,8 +87,7 @@ def flop_costs(
     `answer_tokens` (loss tokens per sample) is needed with `train.anchors_per_token`."""
     d, b = cfg.drafter, cfg.drafter.block_size
     target = Dims.of(hf_cfg)
-    drafter = Dims(target.hidden, target.heads, target.kv_heads, target.head_dim,
-                   d.intermediate_size or target.intermediate)
+    drafter = replace(target, intermediate=d.intermediate_size or target.intermediate)
     lengths = np.asarray(lengths, dtype=np.int64)
     widths, inverse = np.unique(lengths, return_inverse=True)
     per_width = np.asarray([target_flops([int(t)], target, max(layer_ids) + 1) for t in widths])

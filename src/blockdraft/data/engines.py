@@ -14,17 +14,13 @@ PAD_MULTIPLE = 64  # static cache: prompts padded to a multiple of this, so few 
 class HFEngine:
     """Batched `generate` with left padding, on CPU or GPU, keeping `batch_size` rows busy.
 
-    With the static cache, generate compiles its decoding step into CUDA graphs, which pays only if
-    the shapes repeat: every call gets the same batch size (a short batch is padded with copies of its
-    last row), prompts are padded to a multiple of PAD_MULTIPLE tokens, and the cache is sized once,
-    for the longest prompt of the run plus max_new_tokens. A small target is launch-bound, so this is
-    the 10x. Rows that finish early would idle until the longest answer of their batch ends (half the
-    work on chat data), so answers are generated `chunk_tokens` at a time: after each chunk finished
-    rows leave and queued prompts take their place, unfinished rows continuing from their prompt and
-    answer so far (the same greedy tokens; bf16 prefill and step kernels may break a near-tie apart)."""
+    The static cache compiles decoding into CUDA graphs (the 10x on a launch-bound small target),
+    which pays only if shapes repeat: one batch size (a short batch padded with copies of its last
+    row), prompts padded to a multiple of PAD_MULTIPLE, one cache size per run. Answers come
+    `chunk_tokens` at a time, so finished rows leave and queued prompts take their place instead of
+    idling until the longest answer ends (the same greedy tokens, but for bf16 near-ties)."""
 
-    def __init__(self, target: str, tokenizer: Any, device: str, seed: int, cache: str = "auto",
-                 chunk_tokens: int = 64):
+    def __init__(self, target: str, tokenizer: Any, device: str, cache: str = "auto", chunk_tokens: int = 64):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -39,7 +35,6 @@ class HFEngine:
             raise UserError(f"cannot load the target model from {target}: {str(exc).splitlines()[0]}") from None
         self.device = device
         self.tokenizer = tokenizer
-        self.seed = seed
         tokenizer.truncation_side = "left"  # a long chat keeps its latest turns
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         eos = self.model.generation_config.eos_token_id
@@ -60,10 +55,9 @@ class HFEngine:
         from transformers import GenerationConfig
 
         torch, n = self.torch, len(rows)
-        if self.static:
-            rows = rows + [rows[-1]] * (batch_size - n)
         width = max(map(len, rows))
         if self.static:
+            rows = rows + [rows[-1]] * (batch_size - n)
             width = -(-width // PAD_MULTIPLE) * PAD_MULTIPLE
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -78,10 +72,8 @@ class HFEngine:
                                       generation_config=config)
         return out[:n, width:].tolist()
 
-    def generate(
-        self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float,
-        prompt_tokens: int, batch_size: int,
-    ) -> list[tuple[str, bool, int]]:
+    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float, prompt_tokens: int,
+                 batch_size: int) -> list[tuple[str, bool, int]]:
         """(answer text, finished, answer tokens) per prompt; finished is False where max_new_tokens cut it."""
         enc = self.tokenizer(prompts, add_special_tokens=False, truncation=True, max_length=prompt_tokens)["input_ids"]
         # --prompt-tokens (padded) + --max-new-tokens, whatever the batch: one compiled shape per run
@@ -125,10 +117,8 @@ class VLLMEngine:
     def reseed(self, seed: int) -> None:
         self.seed = seed
 
-    def generate(
-        self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float,
-        prompt_tokens: int, batch_size: int,
-    ) -> list[tuple[str, bool, int]]:
+    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float, top_p: float, prompt_tokens: int,
+                 batch_size: int) -> list[tuple[str, bool, int]]:
         from vllm import SamplingParams
 
         params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=self.seed)

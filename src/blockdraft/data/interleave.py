@@ -29,10 +29,7 @@ def run_bound(counts: list[int], max_run: int) -> int:
 def _feasible(remaining: list[int], last: int, run: int, bound: int) -> bool:
     """Can `remaining` still be laid out with no run over `bound`, given the current trailing run?"""
     rest = sum(remaining)
-    for b, c in enumerate(remaining):
-        if c and c > bound * (rest - c + 1) - (run if b == last else 0):
-            return False
-    return True
+    return all(c <= bound * (rest - c + 1) - (run if b == last else 0) for b, c in enumerate(remaining) if c)
 
 
 def interleave(
@@ -40,12 +37,10 @@ def interleave(
 ) -> np.ndarray:
     """Stride-scheduled bucket sequence with counts[b] slots of bucket b and bounded same-bucket runs.
 
-    Bucket b's k-th batch has the ideal slot (k + u_b + j_bk) * N / counts[b]: u_b is the bucket's
-    random offset, j_bk a jitter of at most half a stride that does not accumulate (so the order is
-    not one fixed cycle repeated, yet no bucket drifts from its share). The lowest ideal slot goes
-    next unless that would exceed the run bound or make the rest impossible to lay out within it.
-    `tail` = (bucket, run) that the previous epoch ended with: the run bound holds across the boundary
-    (with one bucket only, no bound can: it is raised by the least the tail needs).
+    Bucket b's k-th batch has the ideal slot (k + u_b + j_bk) * N / counts[b] (u_b its random offset,
+    j_bk its jitter); the lowest ideal slot goes next unless that would break the run bound now or
+    later. `tail` = (bucket, run) that the previous epoch ended with: the bound holds across the
+    boundary (with one bucket only, no bound can: it is raised by the least the tail needs).
     """
     total = sum(counts)
     bound = run_bound(counts, max_run)
@@ -60,11 +55,8 @@ def interleave(
         bound += 1
     out = np.empty(total, dtype=np.int32)
     for t in range(total):
-        candidates = sorted(
-            (stride[b] * (taken[b] + offset[b] + jitter[b][taken[b]]), priority[b], b)
-            for b in range(len(counts))
-            if remaining[b]
-        )
+        candidates = sorted((stride[b] * (taken[b] + offset[b] + jitter[b][taken[b]]), priority[b], b)
+                            for b in range(len(counts)) if remaining[b])
         choice = candidates[0][2]
         for _, _, b in candidates:
             if b == last and run >= bound:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,43 +50,22 @@ def collate(dataset: TokenizedDataset, planned: PlannedBatch, batches_per_epoch:
     tensors = [torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(lengths)]
     if pin:
         tensors = [t.pin_memory() for t in tensors]
-    return Batch(
-        input_ids=tensors[0],
-        loss_mask=tensors[1],
-        lengths=tensors[2],
-        sample_ids=ids_list,
-        bucket=planned.bucket,
-        epoch=planned.epoch,
-        index_in_epoch=planned.index,
-        epoch_progress=(planned.index + 1) / batches_per_epoch,
-        real_tokens=planned.real_tokens,
-        padded_tokens=len(ids_list) * width,
-    )
-
-
-class _Failure:
-    def __init__(self, exc: BaseException):
-        self.exc = exc
+    return Batch(*tensors, sample_ids=ids_list, bucket=planned.bucket, epoch=planned.epoch,
+                 index_in_epoch=planned.index, epoch_progress=(planned.index + 1) / batches_per_epoch,
+                 real_tokens=planned.real_tokens, padded_tokens=len(ids_list) * width)
 
 
 class Prefetcher:
     """`next()` returns batches forever; `state_dict()` is the position after the last one returned."""
 
-    def __init__(
-        self,
-        dataset: TokenizedDataset,
-        sampler: BatchSampler,
-        depth: int,
-        pin_memory: bool,
-        prepare: Callable[[Batch], Batch] | None = None,
-    ):
+    def __init__(self, dataset: TokenizedDataset, sampler: BatchSampler, depth: int, pin_memory: bool,
+                 prepare: Callable[[Batch], Batch] | None = None):
         """`prepare` runs on each batch in the background thread (the trainer packs batches there)."""
         self.dataset = dataset
         self.prepare = prepare
         self.sampler = sampler
         self.depth = max(1, depth)
         self.pin = bool(pin_memory) and torch.cuda.is_available()
-        self.last_wait_s = 0.0
         self._state = sampler.state_dict()
         self._thread: threading.Thread | None = None
         self._start()
@@ -106,7 +84,7 @@ class Prefetcher:
                 q.put(item, timeout=0.05)
                 return
             except queue.Full:
-                continue
+                pass
 
     def _produce(self, stop: threading.Event, q: queue.Queue) -> None:
         try:
@@ -115,9 +93,9 @@ class Prefetcher:
                 batch = collate(self.dataset, planned, self.sampler.batches_per_epoch, self.pin)
                 self._put(stop, q, self.prepare(batch) if self.prepare else batch)
         except BaseException as exc:  # handed to the trainer's thread by next()
-            self._put(stop, q, _Failure(exc))
+            self._put(stop, q, exc)
 
-    def _shutdown(self) -> None:
+    def close(self) -> None:
         if self._thread is None:
             return
         self._stop.set()
@@ -132,12 +110,10 @@ class Prefetcher:
     def next(self) -> Batch:
         if self._thread is None:
             raise RuntimeError("the prefetcher is closed")
-        start = time.perf_counter()
         item = self._queue.get()
-        self.last_wait_s = time.perf_counter() - start
-        if isinstance(item, _Failure):
-            self._shutdown()
-            raise item.exc
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
         self._state = self.sampler.position(item.epoch, item.index_in_epoch + 1)
         return item
 
@@ -145,7 +121,7 @@ class Prefetcher:
         return dict(self._state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._shutdown()
+        self.close()
         try:
             self.sampler.load_state_dict(state)
         except BaseException:
@@ -154,9 +130,6 @@ class Prefetcher:
         finally:
             self._state = self.sampler.state_dict()
             self._start()
-
-    def close(self) -> None:
-        self._shutdown()
 
     def __enter__(self) -> Prefetcher:
         return self

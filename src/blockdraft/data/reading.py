@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,15 +34,9 @@ REASONS: dict[str, str] = {
 
 ROLE_ALIASES: dict[str, str] = {
     "system": "system",
-    "user": "user",
-    "human": "user",
-    "assistant": "assistant",
-    "gpt": "assistant",
-    "chatgpt": "assistant",
-    "bard": "assistant",
-    "bing": "assistant",
-    "model": "assistant",
     "tool": "tool",
+    **dict.fromkeys(("user", "human"), "user"),
+    **dict.fromkeys(("assistant", "gpt", "chatgpt", "bard", "bing", "model"), "assistant"),
 }
 
 FORMAT_KEYS = ("messages", "conversations", "text")
@@ -54,6 +48,14 @@ class BadRecord(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+def or_bad(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, or the BadRecord it raised: bad records stay in the result lists, in order."""
+    try:
+        return fn(*args)
+    except BadRecord as bad:
+        return bad
 
 
 @dataclass(frozen=True)
@@ -76,25 +78,16 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                raise BadRecord("bad_field")
-        return "".join(parts)
+        texts = [part.get("text") if isinstance(part, dict) else part for part in content]
+        if all(isinstance(text, str) for text in texts):
+            return "".join(texts)
     raise BadRecord("bad_field")
 
 
 def _parse_turn(turn: Any) -> dict[str, str]:
     if not isinstance(turn, dict):
         raise BadRecord("bad_field")
-    if "from" in turn or "value" in turn:
-        role_key, content_key = "from", "value"
-    else:
-        role_key, content_key = "role", "content"
+    role_key, content_key = ("from", "value") if "from" in turn or "value" in turn else ("role", "content")
     if role_key not in turn or content_key not in turn:
         raise BadRecord("missing_field")
     role = turn[role_key]
@@ -113,14 +106,9 @@ def parse_record(obj: Any, fmt: str, require_assistant: bool = True) -> Record:
     """
     if not isinstance(obj, dict):
         raise BadRecord("not_an_object")
-    if fmt == "auto":
-        key = next((k for k in FORMAT_KEYS if k in obj), None)
-        if key is None:
-            raise BadRecord("missing_field")
-    else:
-        key = fmt
-        if key not in obj:
-            raise BadRecord("missing_field")
+    key = next((k for k in FORMAT_KEYS if k in obj), None) if fmt == "auto" else fmt
+    if key not in obj:
+        raise BadRecord("missing_field")
     value = obj[key]
     if key != "text" and isinstance(value, str):  # some exports store the turn list as a JSON string
         try:
@@ -182,10 +170,6 @@ def check_files(files: list[str]) -> list[Path]:
     return paths
 
 
-def _is_parquet(path: Path) -> bool:
-    return path.suffix.lower() in (".parquet", ".pq")
-
-
 def _is_json_array(path: Path) -> bool:
     """A `.json` file whose first non-blank byte is `[` holds one array of records (ShareGPT's dumps)."""
     if path.suffix.lower() != ".json":
@@ -212,6 +196,14 @@ def _jsonl_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int]]:
         yield chunk, path.stat().st_size - reported
 
 
+def _numbered(parts: Iterable[list[Any]], size: int, rows: int) -> Iterator[tuple[Chunk, int]]:
+    """Chunks of decoded records numbered from 1, each standing for its share of the file's `size` bytes."""
+    row_no = 0
+    for part in parts:
+        yield [(row_no + i + 1, item) for i, item in enumerate(part)], size * len(part) // max(1, rows)
+        row_no += len(part)
+
+
 def _json_array_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int]]:
     try:
         with path.open("rb") as fh:
@@ -220,11 +212,8 @@ def _json_array_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int
         raise UserError(f"{path}: not a valid JSON array of records ({exc}); use JSON Lines") from None
     if not isinstance(items, list):
         raise UserError(f"{path}: a .json data file must hold one array of records")
-    size = path.stat().st_size
-    for start in range(0, len(items), chunk_size):
-        part = items[start : start + chunk_size]
-        share = size * len(part) // max(1, len(items))
-        yield [(start + i + 1, item) for i, item in enumerate(part)], share
+    parts = (items[start : start + chunk_size] for start in range(0, len(items), chunk_size))
+    yield from _numbered(parts, path.stat().st_size, len(items))
 
 
 def _parquet_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int]]:
@@ -237,30 +226,25 @@ def _parquet_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int]]:
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise UserError(f"{path}: not a readable Parquet file ({exc})") from None
     columns = [c for c in FORMAT_KEYS if c in pf.schema_arrow.names] or None
-    rows = max(1, pf.metadata.num_rows)
-    size = path.stat().st_size
-    row_no = 0
-    for batch in pf.iter_batches(batch_size=chunk_size, columns=columns):
-        records = batch.to_pylist()
-        chunk = [(row_no + i + 1, rec) for i, rec in enumerate(records)]
-        row_no += len(records)
-        yield chunk, size * len(records) // rows
+    batches = (batch.to_pylist() for batch in pf.iter_batches(batch_size=chunk_size, columns=columns))
+    yield from _numbered(batches, path.stat().st_size, pf.metadata.num_rows)
 
 
 def iter_chunks(path: Path, chunk_size: int) -> Iterator[tuple[Chunk, int]]:
     """Yield (chunk of (line or row number, item), bytes of the file it stands for)."""
-    if _is_parquet(path):
+    if path.suffix.lower() in (".parquet", ".pq"):
         return _parquet_chunks(path, chunk_size)
     if _is_json_array(path):
         return _json_array_chunks(path, chunk_size)
     return _jsonl_chunks(path, chunk_size)
 
 
+def parse_chunk(chunk: Chunk, fmt: str, require_assistant: bool = True) -> list[tuple[int, Record | BadRecord]]:
+    """Each item of a chunk parsed, with its line number; bad ones come back as BadRecord."""
+    return [(line_no, or_bad(parse_item, item, fmt, require_assistant)) for line_no, item in chunk]
+
+
 def iter_records(path: Path, fmt: str, require_assistant: bool = True) -> Iterator[tuple[int, Record | BadRecord]]:
     """Every record of a file in order, with its line number; bad ones come back as BadRecord."""
     for chunk, _ in iter_chunks(path, 1024):
-        for line_no, item in chunk:
-            try:
-                yield line_no, parse_item(item, fmt, require_assistant)
-            except BadRecord as bad:
-                yield line_no, bad
+        yield from parse_chunk(chunk, fmt, require_assistant)

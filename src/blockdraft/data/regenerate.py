@@ -1,17 +1,16 @@
 """`blockdraft regenerate`: the target rewrites every assistant turn, given the conversation so far.
 
-DFlash drafters learn to predict the target's own continuations, so training data should come from
-the target (on-policy). Each assistant turn is regenerated in order, so later turns see earlier
-regenerated ones; a chat that ends with a user turn (a prompt-only record, or a `text` record taken
-as a prompt) gets a new final answer. Output goes to `OUT/shard-NNNNN.jsonl` (messages format),
-each shard written to a temporary name and renamed when complete, so a rerun skips finished shards.
-`OUT/manifest.json` pins the inputs and settings: a rerun with other settings is refused instead of
-mixing two kinds of data in one folder.
+DFlash drafters learn the target's own continuations, so training data should come from the target
+(on-policy). Turns are regenerated in order, so later turns see earlier regenerated ones; a chat that
+ends with a user turn (prompt-only, or a `text` record) gets a new final answer. Each
+`OUT/shard-NNNNN.jsonl` is renamed into place when complete, so a rerun skips finished shards;
+`OUT/manifest.json` pins inputs and settings, so a rerun with others is refused rather than mixed in.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -24,6 +23,8 @@ from typing import Any
 from blockdraft.errors import UserError
 
 MANIFEST = "manifest.json"
+MANIFEST_SETTINGS = ("format", "max_new_tokens", "temperature", "top_p", "thinking", "shard_size", "prompt_tokens",
+                     "seed")  # the flags a rerun must repeat, besides the inputs and the target
 GROUP_BATCHES = 4  # conversations handed to the engine at once, in batches: progress comes per group
 
 
@@ -34,12 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=2048, metavar="N")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument(
-        "--thinking",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="render prompts with thinking on (enable_thinking)",
-    )
+    parser.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=False,
+                        help="render prompts with thinking on (enable_thinking)")
     parser.add_argument("--batch-size", type=int, default=64, metavar="N",
                         help="conversations decoded at once (a small target on a GPU wants 256 or more)")
     parser.add_argument("--prompt-tokens", type=int, default=1024, metavar="N",
@@ -107,13 +104,7 @@ def _read_inputs(paths: list[Path], fmt: str, skipped: dict[str, int]) -> Iterat
 
 
 def _shards(records: Iterator[tuple[str, list]], size: int) -> Iterator[list[tuple[str, list]]]:
-    shard: list[tuple[str, list]] = []
-    for record in records:
-        shard.append(record)
-        if len(shard) == size:
-            yield shard
-            shard = []
-    if shard:
+    while shard := list(itertools.islice(records, size)):
         yield shard
 
 
@@ -144,29 +135,24 @@ class _Progress:
     """A rich bar in a terminal; elsewhere (nohup, slurm, a pipe) one plain line every `every_s` seconds."""
 
     def __init__(self, total: int, every_s: float = 30.0) -> None:
-        import sys
-
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.total, self.every_s = total, every_s
         self.done = self.tokens = 0
         self.start = self.last_line = time.perf_counter()
-        self.bar = None
-        if sys.stderr.isatty():
-            self.bar = Progress(TextColumn("regenerating"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[rate]:,.0f} answer tok/s"), TimeRemainingColumn(),
-                                console=Console(stderr=True))
-            self.task = self.bar.add_task("regenerating", total=total, rate=0.0)
+        self.plain = not sys.stderr.isatty()
+        self.bar = Progress(TextColumn("regenerating"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[rate]:,.0f} answer tok/s"), TimeRemainingColumn(),
+                            console=Console(stderr=True), disable=self.plain)
+        self.task = self.bar.add_task("regenerating", total=total, rate=0.0)
 
     def __enter__(self) -> _Progress:
-        if self.bar is not None:
-            self.bar.start()
+        self.bar.start()
         return self
 
     def __exit__(self, *_exc) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        self.bar.stop()
 
     @property
     def rate(self) -> float:
@@ -178,13 +164,10 @@ class _Progress:
                 f"{elapsed:.0f} s ({self.rate:,.0f} tok/s, {self.done / max(1e-9, elapsed):.1f} conversations/s)")
 
     def advance(self, conversations: int, tokens: int) -> None:
-        import sys
-
         self.done += conversations
         self.tokens += tokens
-        if self.bar is not None:
-            self.bar.update(self.task, advance=conversations, rate=self.rate)
-        elif time.perf_counter() - self.last_line >= self.every_s:
+        self.bar.update(self.task, advance=conversations, rate=self.rate)
+        if self.plain and time.perf_counter() - self.last_line >= self.every_s:
             self.last_line = time.perf_counter()
             print(self.line(), file=sys.stderr, flush=True)
 
@@ -196,14 +179,9 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.model.tokenizer import load_tokenizer
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` and schedulers: report, then stop
-    for name, value in (
-        ("--batch-size", args.batch_size),
-        ("--prompt-tokens", args.prompt_tokens),
-        ("--shard-size", args.shard_size),
-        ("--max-new-tokens", args.max_new_tokens),
-    ):
-        if value < 1:
-            raise UserError(f"{name} must be at least 1")
+    for name in ("batch_size", "prompt_tokens", "shard_size", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     if args.chunk_tokens < 0:
         raise UserError("--chunk-tokens must be >= 0 (0: the whole answer in one call)")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
@@ -217,14 +195,7 @@ def run(args: argparse.Namespace) -> int:
     manifest = {
         "inputs": [{"path": str(p), "digest": file_digest(p)} for p in paths],
         "target": str(Path(args.target).resolve()),
-        "format": args.format,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "thinking": args.thinking,
-        "shard_size": args.shard_size,
-        "prompt_tokens": args.prompt_tokens,
-        "seed": args.seed,
+        **{key: getattr(args, key) for key in MANIFEST_SETTINGS},
     }
     _check_manifest(out, manifest)
 
@@ -246,11 +217,10 @@ def run(args: argparse.Namespace) -> int:
                 if engine is None:
                     from blockdraft.data.engines import HFEngine, VLLMEngine
 
-                    engine = (
-                        VLLMEngine(args.target, tokenizer, args.seed)
-                        if args.engine == "vllm"
-                        else HFEngine(args.target, tokenizer, args.device, args.seed, args.cache, args.chunk_tokens)
-                    )
+                    if args.engine == "vllm":
+                        engine = VLLMEngine(args.target, tokenizer, args.seed)
+                    else:
+                        engine = HFEngine(args.target, tokenizer, args.device, args.cache, args.chunk_tokens)
                 engine.reseed(args.seed + k)  # a rerun of this shard samples the same way
                 order = sorted(range(len(shard)), key=lambda i: sum(len(m["content"]) for m in shard[i][1]))
                 rows: dict[int, dict[str, Any]] = {}

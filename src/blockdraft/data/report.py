@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 FIRST_LINES_KEPT = 5
@@ -46,18 +46,9 @@ class DataReport:
         return "; ".join(parts) or "no records"
 
     def as_record(self) -> dict[str, Any]:
-        return {
-            "files": list(self.files),
-            "samples_total": self.samples_total,
-            "samples_used": self.samples_used,
-            "skipped": dict(sorted(self.skipped.items())),
-            "first_bad_lines": {k: list(v) for k, v in sorted(self.first_bad_lines.items())},
-            "truncated": self.truncated,
-            "tokens": self.tokens,
-            "loss_tokens": self.loss_tokens,
-            "cache_path": self.cache_path,
-            "cache_hit": self.cache_hit,
-        }
+        record = asdict(self)  # a deep copy, in field order
+        return {**record, "skipped": dict(sorted(record["skipped"].items())),
+                "first_bad_lines": dict(sorted(record["first_bad_lines"].items()))}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> DataReport:

@@ -30,14 +30,9 @@ def length_histogram(lengths: np.ndarray, bins: int = 12) -> list[dict[str, int]
 
 
 def length_stats(lengths: np.ndarray) -> dict[str, float]:
-    return {
-        "min": int(lengths.min()),
-        "mean": round(float(lengths.mean()), 1),
-        "p50": int(np.percentile(lengths, 50)),
-        "p90": int(np.percentile(lengths, 90)),
-        "p99": int(np.percentile(lengths, 99)),
-        "max": int(lengths.max()),
-    }
+    p50, p90, p99 = (int(p) for p in np.percentile(lengths, [50, 90, 99]))
+    return {"min": int(lengths.min()), "mean": round(float(lengths.mean()), 1), "p50": p50, "p90": p90, "p99": p99,
+            "max": int(lengths.max())}
 
 
 def data_record(report: DataReport, sampler: BatchSampler) -> dict[str, Any]:
@@ -57,17 +52,14 @@ def _short(where: str) -> str:
 
 
 def print_summary(summary: dict[str, Any], console: Console) -> None:
-    from rich.table import Table
+    from rich.table import Column, Table
 
     used, total = summary["samples_used"], summary["samples_total"]
-    console.print(
-        f"[bold]{used:,}[/] of {total:,} samples usable, {summary['tokens']:,} tokens "
-        f"({summary['loss_tokens']:,} with loss), {summary['truncated']:,} truncated to max_len"
-    )
+    console.print(f"[bold]{used:,}[/] of {total:,} samples usable, {summary['tokens']:,} tokens "
+                  f"({summary['loss_tokens']:,} with loss), {summary['truncated']:,} truncated to max_len")
     if summary["skipped"]:
-        skips = Table(title="skipped records", title_justify="left")
-        for col in ("reason", "count", "first lines"):
-            skips.add_column(col, justify="right" if col == "count" else "left")
+        skips = Table("reason", Column("count", justify="right"), "first lines", title="skipped records",
+                      title_justify="left")
         for reason, count in sorted(summary["skipped"].items(), key=lambda kv: -kv[1]):
             lines = ", ".join(_short(w) for w in summary["first_bad_lines"].get(reason, []))
             skips.add_row(reason, f"{count:,}", lines)
@@ -75,9 +67,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         for reason in sorted(summary["skipped"]):
             console.print(f"  [dim]{reason}: {REASONS.get(reason, reason)}[/]")
     if "length_histogram" in summary:
-        hist = Table(title="sample lengths (tokens)", title_justify="left")
-        for col in ("from", "to", "samples", ""):
-            hist.add_column(col, justify="left" if col == "" else "right")
+        hist = Table(*(Column(c, justify="right") for c in ("from", "to", "samples")), "",
+                     title="sample lengths (tokens)", title_justify="left")
         peak = max(h["samples"] for h in summary["length_histogram"]) or 1
         for h in summary["length_histogram"]:
             hist.add_row(str(h["lo"]), str(h["hi"]), f"{h['samples']:,}", "#" * round(30 * h["samples"] / peak))
@@ -85,23 +76,15 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     budget = f"at most {summary['tokens_per_batch']:,} padded tokens"
     if summary["batch_cost"] == "flops":
         budget += f" and {summary['cost_budget']:.3g} FLOPs"
-    plan = Table(title=f"batch plan ({budget} per micro-batch)", title_justify="left")
-    for col in ("bucket", "lengths", "samples", "batches", "token share"):
-        plan.add_column(col, justify="right")
+    plan = Table(*(Column(c, justify="right") for c in ("bucket", "lengths", "samples", "batches", "token share")),
+                 title=f"batch plan ({budget} per micro-batch)", title_justify="left")
     for b, bucket in enumerate(summary["buckets"]):
-        plan.add_row(
-            str(b),
-            f"{bucket['lo']}-{bucket['hi'] - 1}",
-            f"{bucket['samples']:,}",
-            f"{bucket['batches']:,}",
-            f"{100 * bucket['token_share']:.1f}%",
-        )
+        plan.add_row(str(b), f"{bucket['lo']}-{bucket['hi'] - 1}", f"{bucket['samples']:,}", f"{bucket['batches']:,}",
+                     f"{100 * bucket['token_share']:.1f}%")
     console.print(plan)
-    console.print(
-        f"{summary['batches']:,} micro-batches per epoch, padding {100 * summary['pad_frac']:.1f}%, "
-        f"max same-bucket run {summary['max_same_bucket_run']}, "
-        f"lag-1 autocorrelation of batch lengths {summary['length_autocorr_lag1']:+.2f}"
-    )
+    console.print(f"{summary['batches']:,} micro-batches per epoch, padding {100 * summary['pad_frac']:.1f}%, "
+                  f"max same-bucket run {summary['max_same_bucket_run']}, "
+                  f"lag-1 autocorrelation of batch lengths {summary['length_autocorr_lag1']:+.2f}")
     mix = summary["update_mix"]
     console.print(
         f"{summary['updates_per_epoch']:,} updates of {summary['world_size']} x {summary['grad_accum']} micro-batches: "

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from blockdraft.data.reading import BadRecord, Chat, Record, Text
+from blockdraft.data.reading import BadRecord, Chat, Record, Text, or_bad
 from blockdraft.errors import UserError
 
 SENTINEL = "\ue000\ue001"
@@ -41,6 +41,11 @@ def common_prefix_len(a: str, b: str) -> int:
         else:
             hi = mid
     return lo
+
+
+def _marked(turn: dict[str, str]) -> dict[str, str]:
+    """The turn with SENTINEL after its right-stripped content, to find where the content ends."""
+    return {**turn, "content": turn["content"].rstrip() + SENTINEL}
 
 
 def align_pieces(full: str, pieces: list[str]) -> list[int] | None:
@@ -100,20 +105,14 @@ class SampleEncoder:
         self, messages: list[dict[str, str]], generation_prompt: bool = False, thinking: bool | None = None
     ) -> str:
         try:
-            return self.tokenizer.apply_chat_template(
-                messages,
-                tokenize=False,
-                add_generation_prompt=generation_prompt,
-                enable_thinking=self.thinking if thinking is None else thinking,
-            )
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
+                                                      enable_thinking=self.thinking if thinking is None else thinking)
         except Exception:  # jinja's raise_exception, TemplateError, type errors inside the template
             raise BadRecord("template_error") from None
 
     def _content_ends(self, messages: list[dict[str, str]], full: str, turns: list[int]) -> list[int]:
         """End of each assistant turn's content in `full`: one render with every content marked."""
-        marked = [
-            {**m, "content": m["content"].rstrip() + SENTINEL} if m["role"] == "assistant" else m for m in messages
-        ]
+        marked = [_marked(m) if m["role"] == "assistant" else m for m in messages]
         pieces = self.render(marked).split(SENTINEL)
         ends = align_pieces(full, pieces) if len(pieces) == len(turns) + 1 else None
         if ends is not None:
@@ -122,8 +121,7 @@ class SampleEncoder:
 
     def _content_end_alone(self, messages: list[dict[str, str]], full: str, turn: int) -> int:
         """Fallback for templates that drop or reorder some turns: mark one turn per render."""
-        marked = list(messages)
-        marked[turn] = {**messages[turn], "content": messages[turn]["content"].rstrip() + SENTINEL}
+        marked = [*messages[:turn], _marked(messages[turn]), *messages[turn + 1 :]]
         rendered = self.render(marked)
         if SENTINEL not in rendered:
             return -1  # the template does not show this turn at all
@@ -208,19 +206,9 @@ class SampleEncoder:
         """`encode` for many records, each result or BadRecord in order. Templates are rendered one by
         one (Python); the texts then go to the Rust tokenizer in one `encode_batch` per kind, which
         saves a call per record and uses every core where the tokenizer may run threads."""
-        prepared: list[tuple[str, Spans | None] | BadRecord] = []
-        for record in records:
-            try:
-                prepared.append(self._prepare(record))
-            except BadRecord as bad:
-                prepared.append(bad)
-        results: list[tuple[np.ndarray, np.ndarray, bool] | BadRecord] = []
-        for prep, enc in zip(prepared, self._encode_texts(prepared), strict=True):
-            try:
-                results.append(prep if isinstance(prep, BadRecord) else self._finish(enc, *prep))
-            except BadRecord as bad:
-                results.append(bad)
-        return results
+        prepared = [or_bad(self._prepare, record) for record in records]
+        return [prep if isinstance(prep, BadRecord) else or_bad(self._finish, enc, *prep)
+                for prep, enc in zip(prepared, self._encode_texts(prepared), strict=True)]
 
     def _prepare(self, record: Record) -> tuple[str, Spans | None]:
         """The text to tokenise and, for a chat, its assistant spans (None: learn every token)."""

@@ -30,11 +30,6 @@ def _duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def is_terminal() -> bool:
-    """Both streams on a terminal: only then can a bar redraw without filling a log file."""
-    return sys.stdout.isatty() and sys.stderr.isatty()
-
-
 class Pace:
     """Wall seconds per step and tokens per second over the last `window` steps. A step number
     that goes back (a rollback) starts the window afresh."""
@@ -76,7 +71,8 @@ class TrainConsole:
         self.epochs = epochs
         self.enabled = enabled
         self.log_every_s = log_every_s
-        self.terminal = is_terminal() if terminal is None else terminal
+        # both streams on a terminal: only then can a bar redraw without filling a log file
+        self.terminal = (sys.stdout.isatty() and sys.stderr.isatty()) if terminal is None else terminal
         self.stream = stream  # plain lines; None: sys.stdout at the time of writing
         self.console = Console(stderr=True)
         self.pace = Pace()
@@ -150,8 +146,7 @@ class TrainConsole:
         return progress, stats
 
     def status_line(self) -> str:
-        progress, stats = self._parts()
-        return f"{progress}  {stats}"
+        return "  ".join(self._parts())
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         """Two lines, each cropped to the terminal: the bar with where the run is, then the metrics."""

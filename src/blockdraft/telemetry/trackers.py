@@ -1,15 +1,10 @@
 """Experiment trackers (TensorBoard, W&B, Trackio, MLflow), fed from the run log.
 
-log.jsonl stays the source of truth: each tracker is a `Sink` that the RunLog hands every record
-once it is on disk, and that turns the kinds it knows into its library's calls: `run_start` opens a
-run with the resolved config as hyperparameters, `step`, `eval` and `checkpoint` become metrics at
-their step, `run_end` closes the run with its status. Each library is an optional extra, imported
-only when its tracker is asked for, and each writes locally unless its own settings say otherwise
-(see docs/trackers.md).
-
-A resumed run (`run_start` with `resumed_from` set) continues the tracker runs it started: their ids
-are kept in RUN/trackers.json (W&B run id, MLflow run id, Trackio project and name, the TensorBoard
-log dir, which a resume reopens with `purge_step` so the replayed steps replace the old ones).
+log.jsonl stays the source of truth: each tracker is a `Sink` that the RunLog hands every record once
+it is on disk. `run_start` opens a run with the resolved config as hyperparameters, `step`, `eval` and
+`checkpoint` records become metrics at their step, `run_end` closes the run. Each library is an
+optional extra, imported only when asked for, writing locally unless its own settings say otherwise
+(docs/trackers.md). A resume continues the tracker runs it started: RUN/trackers.json keeps their ids.
 """
 
 from __future__ import annotations
@@ -43,27 +38,26 @@ class Sink(Protocol):
 IDS_FILE = "trackers.json"
 
 
+def _stored(run_dir: Path) -> dict[str, Any]:
+    """RUN/trackers.json; {} when it is missing or damaged."""
+    try:
+        known = json.loads((run_dir / IDS_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
 def recall(run_dir: Path, name: str, record: dict[str, Any]) -> dict[str, Any] | None:
     """What `name` stored for this run folder, when `record` (a run_start) resumes a run."""
-    if record.get("resumed_from") is None:
-        return None
-    try:
-        return json.loads((run_dir / IDS_FILE).read_text()).get(name)
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return None
+    return _stored(run_dir).get(name) if record.get("resumed_from") is not None else None
 
 
 def remember(run_dir: Path, name: str, info: dict[str, Any]) -> None:
     """Store `name`'s run ids in RUN/trackers.json (written whole, then renamed into place)."""
-    path = run_dir / IDS_FILE
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        known = {}
-    known[name] = info
-    tmp = path.with_name(f".{IDS_FILE}.tmp")
+    known = {**_stored(run_dir), name: info}
+    tmp = run_dir / f".{IDS_FILE}.tmp"
     tmp.write_text(json.dumps(known, indent=2) + "\n")
-    os.replace(tmp, path)
+    os.replace(tmp, run_dir / IDS_FILE)
 
 
 def require_trackers(names: list[str]) -> None:
@@ -139,15 +133,14 @@ class TensorBoardSink:
             purge = record["resumed_from"] + 1 if prev else None
             self._writer = SummaryWriter(log_dir=prev["logdir"] if prev else str(self.logdir), purge_step=purge)
             remember(self._dir, self.name, {"logdir": str(self.logdir)})
-        if self._writer is None:
-            return
-        if kind == "run_start":
             params = {k: _scalar(v) for k, v in hyperparameters(record).items()}
             file_writer = self._writer._get_file_writer()
             for summary in hparams(params, {"train/loss": 0.0, "train/tau_est": 0.0, "eval/tau": 0.0}):
                 file_writer.add_summary(summary)
             config_yaml = yaml.safe_dump(record.get("config", {}), sort_keys=False)
             self._writer.add_text("config", "    " + config_yaml.replace("\n", "\n    "), step)
+        if self._writer is None:
+            return
         for key, value in metrics(record).items():
             self._writer.add_scalar(key, value, step, walltime=record["time"])
         if kind == "checkpoint":
@@ -219,7 +212,6 @@ class TrackioSink:
 
         self._trackio = trackio
         self._dir = run_dir
-        self._name = run_dir.name
         self._run: Any = None
 
     def write(self, record: dict[str, Any]) -> None:
@@ -228,7 +220,7 @@ class TrackioSink:
             self.close()
             prev = recall(self._dir, self.name, record) or {}
             project = prev.get("project") or os.environ.get("TRACKIO_PROJECT", "blockdraft")
-            name = prev.get("name") or self._name
+            name = prev.get("name") or self._dir.name
             self._run = self._trackio.init(project=project, name=name, config=hyperparameters(record),
                                            resume="allow")
             remember(self._dir, self.name, {"project": project, "name": name})
@@ -263,7 +255,6 @@ class MlflowSink:
         self.tracking_uri = uri
         self._client = MlflowClient(tracking_uri=uri)
         self._dir = run_dir
-        self._name = run_dir.name
         self._run_id: str | None = None
 
     def write(self, record: dict[str, Any]) -> None:
@@ -277,7 +268,7 @@ class MlflowSink:
                 name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "blockdraft")
                 experiment = self._client.get_experiment_by_name(name)
                 experiment_id = experiment.experiment_id if experiment else self._client.create_experiment(name)
-                self._run_id = self._client.create_run(experiment_id, run_name=self._name).info.run_id
+                self._run_id = self._client.create_run(experiment_id, run_name=self._dir.name).info.run_id
             remember(self._dir, self.name, {"run_id": self._run_id, "tracking_uri": self.tracking_uri})
             # params cannot change once logged: a resume adds only the ones the run lacks
             params = [Param(k, str(_scalar(v))[:6000]) for k, v in hyperparameters(record).items() if k not in logged]
@@ -315,8 +306,7 @@ class MlflowSink:
             self._run_id = None
 
 
-SINKS: dict[str, type] = {"tensorboard": TensorBoardSink, "wandb": WandbSink, "trackio": TrackioSink,
-                           "mlflow": MlflowSink}
+SINKS: dict[str, type] = {sink.name: sink for sink in (TensorBoardSink, WandbSink, TrackioSink, MlflowSink)}
 
 
 def open_trackers(names: list[str], run_dir: Path) -> list[Sink]:
