@@ -19,26 +19,35 @@ if TYPE_CHECKING:
     from blockdraft.config import NoiseConfig, OptimConfig
 
 
+def _progress(k: np.ndarray, warmup: int, total: int) -> np.ndarray:
+    """Decay progress: 0 up to update `warmup`, 1 from update `total` on."""
+    return np.clip((k - warmup) / max(1, total - warmup), 0.0, 1.0)
+
+
+def _cosine(start: float, end: float, progress: np.ndarray) -> np.ndarray:
+    return end + (start - end) * 0.5 * (1.0 + np.cos(np.pi * progress))
+
+
+def _warmed_up(k: np.ndarray, value: float, warmup: int, after: np.ndarray) -> np.ndarray:
+    """value * k / warmup for k <= warmup (update 1 is never zero), `after` beyond."""
+    return np.where(k <= warmup, value * np.clip(k, 0, None) / warmup, after) if warmup > 0 else after
+
+
 def lr_curve(
     k: np.ndarray, peak: float, warmup: int, total: int, schedule: str, min_ratio: float, decay_from_zero: bool = False
 ) -> np.ndarray:
     """The LR at updates k. `schedule` is cosine, linear or (any other name) constant;
     `decay_from_zero` measures decay progress as k/total (a common form elsewhere, for the doctor)."""
     k = np.asarray(k, dtype=float)
-    if decay_from_zero:
-        progress = np.clip(k / max(1, total), 0.0, 1.0)
-    else:
-        progress = np.clip((k - warmup) / max(1, total - warmup), 0.0, 1.0)
+    progress = _progress(k, 0 if decay_from_zero else warmup, total)
     floor = peak * min_ratio
     if schedule == "cosine":
-        decayed = floor + (peak - floor) * 0.5 * (1.0 + np.cos(np.pi * progress))
+        decayed = _cosine(peak, floor, progress)
     elif schedule == "linear":
         decayed = floor + (peak - floor) * (1.0 - progress)
     else:
         decayed = np.full(k.shape, float(peak))
-    if warmup <= 0:
-        return decayed
-    return np.where(k <= warmup, peak * np.clip(k, 0, None) / warmup, decayed)
+    return _warmed_up(k, peak, warmup, decayed)
 
 
 def noise_curve(
@@ -52,11 +61,8 @@ def noise_curve(
     if schedule == "cosine":
         if total is None:
             return None
-        progress = np.clip((k - warmup) / max(1, total - warmup), 0.0, 1.0)
-        out = final + (std - final) * 0.5 * (1.0 + np.cos(np.pi * progress))
-    if warmup > 0:
-        out = np.where(k <= warmup, std * np.clip(k, 0, None) / warmup, out)
-    return out
+        out = _cosine(std, final, _progress(k, warmup, total))
+    return _warmed_up(k, std, warmup, out)
 
 
 def lr_at(k: int, cfg: OptimConfig, total: int, warmup: int) -> float:
