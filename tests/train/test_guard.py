@@ -136,3 +136,24 @@ def test_guard_config_rejects_a_non_positive_k(k, tiny_config):
 
     with pytest.raises(UserError, match="guard.spike_k"):
         tiny_config(guard={"spike_k": k})
+
+
+def test_a_damaged_checkpoint_met_in_a_rollback_is_in_the_log(tiny_config, monkeypatch):
+    """The rollback passes over a damaged checkpoint as a resume does, and the log says so."""
+    cfg = tiny_config(guard={"max_consecutive_skips": 2}, train={"save_every": 2})
+    trainer = Trainer(cfg, show_console=False)
+    _plant_nan(monkeypatch, trainer, {5, 6})  # checkpoints at 2 and 4, then two NaN batches: a rollback
+    newest = trainer.checkpointer.newest
+
+    def damaging_newest(warn):
+        shard = trainer.run_dir / "checkpoints" / "step-000004" / "__0_0.distcp"
+        shard.write_bytes(shard.read_bytes()[:-8] + bytes(8))
+        return newest(warn)
+
+    monkeypatch.setattr(trainer.checkpointer, "newest", damaging_newest)
+    result = trainer.run()
+    records = read_log(result.run_dir / "log.jsonl")
+    (rollback,) = [r for r in records if r["kind"] == "rollback"]
+    assert rollback["to_step"] == 2  # step 4's checkpoint is passed over
+    (damaged,) = [r for r in records if r["kind"] == "warning" and r["code"] == "checkpoint_damaged"]
+    assert "step-000004" in damaged["message"] and "previous checkpoint" in damaged["message"]

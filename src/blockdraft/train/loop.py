@@ -82,6 +82,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
 
         self.startup_warnings: list[str] = []
+        self.log_open = False  # run_start written: a warning goes straight into the log
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.train.keep_last, self.rank,
                                          self.dp.ckpt_group)
         resume_from = self.checkpointer.newest(self.warn_damaged) if resume else None
@@ -152,7 +153,11 @@ class Trainer:
         return prepared
 
     def warn_damaged(self, message: str) -> None:
-        self.startup_warnings.append(message)
+        """A damaged checkpoint passed over: logged after run_start at start-up, at once in a rollback."""
+        if self.log_open:
+            self.log.write("warning", self.step, code="checkpoint_damaged", severity="warning", message=message)
+        else:
+            self.startup_warnings.append(message)
         print(f"warning: {message}", file=sys.stderr)
 
     def shorten_schedule(self, total_steps: int) -> None:
@@ -293,6 +298,7 @@ class Trainer:
             target_layer_ids=self.drafter.target_layer_ids, mask_token_id=self.drafter.mask_token_id,
         )
         self.log.write("data", self.step, **data_record(self.data_report, self.sampler))
+        self.log_open = True
         for message in self.startup_warnings:
             self.log.write("warning", self.step, code="checkpoint_damaged", severity="warning", message=message)
         for code, severity, message in self._setup_notes:
