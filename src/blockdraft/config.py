@@ -27,10 +27,6 @@ class Section(BaseModel):
 class TargetConfig(Section):
     path: str = Field(description="Hugging Face causal-LM folder (weights + tokenizer), or a hub id in the local cache")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    fp8_features: bool = Field(
-        False, description="the training forward's linear layers in FP8 (e4m3, per-row scales; CUDA sm89+); "
-        "decoding keeps dtype"
-    )
 
 
 class DrafterConfig(Section):

@@ -159,8 +159,6 @@ class HotPath:
         if self.compile:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             target.compile_features()
-        if cfg.target.fp8_features:
-            target.enable_fp8_features()
         drafter.checkpoint_layers = cfg.train.activation_checkpointing
         self.module = module if module is not None else DraftForward(drafter)
         self.defer_sync = defer_sync
