@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -218,3 +219,18 @@ def test_data_plans_the_updates_of_a_world_size_and_accumulation(tmp_path, qwen_
     assert by_tokens["batch_cost"] == "tokens" and "no config.json" in by_tokens["warnings"][0]
     assert cli.main([*base[:-1], "--target", str(tiny_target)]) == 0
     assert "updates of 4 x 2 micro-batches" in capsys.readouterr().out
+
+
+def test_data_costs_a_multimodal_target_by_its_decoder(tmp_path, qwen_dir, capsys):
+    """A Gemma-3-style config keeps the decoder's sizes in text_config: the cost model reads them there."""
+    from transformers import Gemma3Config
+
+    target = tmp_path / "vlm"
+    shutil.copytree(qwen_dir, target)
+    Gemma3Config(text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=2,
+                                  num_key_value_heads=1, head_dim=16)).save_pretrained(target)
+    path = write_jsonl(tmp_path / "d.jsonl", [chat("hi", "ok " * k) for k in range(1, 20)])
+    argv = ["data", str(path), "--target", str(target), "--cache-dir", str(tmp_path / "c"), "--json"]
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["batch_cost"] == "flops" and out["warnings"] == []

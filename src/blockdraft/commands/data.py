@@ -83,7 +83,7 @@ def _costs(cfg: Any, dataset: Any, target: str) -> tuple[Any, list[str]]:
             f"{target} has no config.json: micro-batches planned by padded tokens, not by the run's cost model"]
     from transformers import AutoConfig
 
-    hf_cfg = AutoConfig.from_pretrained(target)
+    hf_cfg = AutoConfig.from_pretrained(target).get_text_config()  # a multimodal config keeps the decoder's inside
     d = cfg.drafter
     layer_ids = d.target_layer_ids or default_layer_ids(hf_cfg.num_hidden_layers, d.num_taps)
     return dataset_costs(dataset, hf_cfg, cfg, layer_ids), []

@@ -113,7 +113,7 @@ class Trainer:
         self.hot = HotPath(self.target, self.drafter, cfg, self.device, module=module, defer_sync=defer_sync)
         self.sampler = BatchSampler(self.dataset.lengths, cfg.data, seed=cfg.train.seed, rank=self.rank,
                                     world_size=self.world, grad_accum=cfg.train.grad_accum,
-                                    costs=dataset_costs(self.dataset, hf_cfg, cfg, layer_ids))
+                                    costs=dataset_costs(self.dataset, text_cfg, cfg, layer_ids))
         self.updates_per_epoch = max(1, self.sampler.batches_per_epoch // cfg.train.grad_accum)
         self.total_steps = cfg.train.max_steps or max(1, math.ceil(cfg.train.epochs * self.updates_per_epoch))
         self.warmup_steps = total_warmup_steps(cfg.optim, self.total_steps)
