@@ -42,9 +42,14 @@ def token_costs(lengths: np.ndarray) -> SampleCosts:
     return SampleCosts("tokens", lengths, np.zeros_like(lengths))
 
 
+def can_anchor(loss_mask: Any, pos: Any, length: Any, block_size: int) -> Any:
+    """The anchor rule, elementwise on numpy arrays or torch tensors alike: a loss position a >= 1 whose
+    whole block fits in its sequence (a + B - 1 < length). train/blocks.py and the costs here use it."""
+    return loss_mask & (pos >= 1) & (pos + block_size - 1 < length)
+
+
 def anchor_candidates(dataset: TokenizedDataset, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per sample: (count of anchor candidates, sum of their positions), as `train.blocks` defines a
-    candidate: a loss position a >= 1 whose block fits (a + B - 1 < length)."""
+    """Per sample: (count of anchor candidates, sum of their positions)."""
     n = len(dataset.lengths)
     counts, pos_sums = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64)
     start = 0
@@ -55,18 +60,18 @@ def anchor_candidates(dataset: TokenizedDataset, block_size: int) -> tuple[np.nd
         lengths = dataset.lengths[start:stop].astype(np.int64)
         doc = np.repeat(np.arange(stop - start), lengths)  # [tokens]
         pos = np.arange(hi - lo) - (dataset.offsets[start:stop].astype(np.int64) - lo)[doc]
-        cand = np.asarray(dataset.mask[lo:hi]) & (pos >= 1) & (pos + block_size - 1 < lengths[doc])
+        cand = can_anchor(np.asarray(dataset.mask[lo:hi]), pos, lengths[doc], block_size)
         counts[start:stop] = np.bincount(doc, weights=cand, minlength=stop - start).astype(np.int64)
         pos_sums[start:stop] = np.bincount(doc, weights=cand * pos, minlength=stop - start)
         start = stop
     return counts, pos_sums
 
 
-def sample_blocks(
+def blocks_per_sample(
     candidates: np.ndarray, num_anchors: int, anchors_per_token: float | None, answer_tokens: np.ndarray | None,
 ) -> np.ndarray:
-    """[N] blocks per sample: min(candidates, num_anchors, and with a density ceil(density x answer
-    tokens), at least 1), the numpy form of `train.blocks.anchor_cap` applied to the candidates."""
+    """[N] blocks per sample (float64): min(candidates, num_anchors, and with a density ceil(density x
+    answer tokens), at least 1). train/blocks.py counts a batch's blocks with it."""
     blocks = np.minimum(candidates, num_anchors).astype(np.float64)
     if anchors_per_token is not None and answer_tokens is not None:
         blocks = np.minimum(blocks, np.maximum(np.ceil(answer_tokens * anchors_per_token - 1e-9), 1))
@@ -93,7 +98,7 @@ def flop_costs(
     per_width = np.asarray([target_flops([int(t)], target, max(layer_ids) + 1) for t in widths])
     c_len, c_blocks, c_seen, c_labels = _linear_terms(
         lambda *w: drafter_flops(DraftWork(*w), drafter, d.num_layers, len(layer_ids), b, hf_cfg.vocab_size), 4)
-    blocks = sample_blocks(candidates, cfg.train.num_anchors, cfg.train.anchors_per_token, answer_tokens)
+    blocks = blocks_per_sample(candidates, cfg.train.num_anchors, cfg.train.anchors_per_token, answer_tokens)
     seen = blocks * candidate_pos_sums / np.maximum(candidates, 1)
     work = c_len * lengths + c_blocks * blocks + c_seen * seen + c_labels * blocks * (b - 1)
     return SampleCosts("flops", per_width[inverse], work)
@@ -115,6 +120,6 @@ def dataset_costs(dataset: TokenizedDataset, hf_cfg: Any, cfg: Config, layer_ids
 
 
 def dataset_blocks(dataset: TokenizedDataset, cfg: Config) -> np.ndarray:
-    """[N] blocks each sample brings to a pass (as `train.blocks.row_blocks` counts them)."""
+    """[N] blocks each sample brings to a pass, as `train.blocks.row_blocks` counts a batch's."""
     counts, _ = anchor_candidates(dataset, cfg.drafter.block_size)
-    return sample_blocks(counts, cfg.train.num_anchors, cfg.train.anchors_per_token, answer_tokens(dataset))
+    return blocks_per_sample(counts, cfg.train.num_anchors, cfg.train.anchors_per_token, answer_tokens(dataset))

@@ -12,9 +12,11 @@ For an anchor at position a of its sequence:
 Anchors are drawn uniformly without replacement among assistant positions a >= 1 whose whole block
 fits in the sequence (a + B - 1 < length), at most `num_anchors` per sequence, and with
 `anchors_per_token` at most ceil(anchors_per_token x its assistant tokens): a density, so short
-answers get fewer, less overlapping blocks (None: the cap alone, as published). Their RNG is keyed by
-the update and the micro-batch's index in it over all ranks (`anchor_generator`), so an update draws
-the same anchors however world_size x grad_accum splits it, and again when resumed.
+answers get fewer, less overlapping blocks (None: the cap alone, as published). Both rules are
+written once, in data/cost.py (`can_anchor`, `blocks_per_sample`), which plans batches by them.
+Their RNG is keyed by the update and the micro-batch's index in it over all ranks
+(`anchor_generator`), so an update draws the same anchors however world_size x grad_accum splits
+it, and again when resumed.
 
 With shape classes (train/shapes.py) a pass is padded: filler context tokens after the L real ones
 (a sequence id of their own, no candidates) and filler blocks after the V real ones (sequence id -1:
@@ -28,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from blockdraft.data.cost import blocks_per_sample, can_anchor
 from blockdraft.train.shapes import ShapeClasses
 
 
@@ -56,27 +59,16 @@ class Packed:
         return self.apply(lambda x: x.to(device, non_blocking=True))
 
 
-def anchor_cap(answer_tokens: torch.Tensor, num_anchors: int, anchors_per_token: float | None) -> torch.Tensor:
-    """[n] most blocks per sequence from its [n] assistant-token counts: num_anchors, and with a
-    density ceil(anchors_per_token x answer tokens) when that is lower (at least 1)."""
-    cap = torch.full_like(answer_tokens, num_anchors)
-    if anchors_per_token is None:
-        return cap
-    dense = torch.ceil(answer_tokens.double() * anchors_per_token - 1e-9).long().clamp(min=1)
-    return torch.minimum(cap, dense)
-
-
 def row_blocks(
     loss_mask: torch.Tensor, lengths: torch.Tensor, block_size: int, num_anchors: int,
     anchors_per_token: float | None = None,
 ) -> torch.Tensor:
     """[n] blocks each sequence of a right-padded host batch will get: min(cap, candidates)."""
-    t = loss_mask.shape[1]
-    pos = torch.arange(t)[None, :]
-    real = pos < lengths[:, None]
-    candidates = loss_mask & (pos >= 1) & (pos + block_size - 1 < lengths[:, None])
-    cap = anchor_cap((loss_mask & real).sum(dim=1), num_anchors, anchors_per_token)
-    return torch.minimum(candidates.sum(dim=1), cap)
+    pos = torch.arange(loss_mask.shape[1])[None, :]
+    candidates = can_anchor(loss_mask, pos, lengths[:, None], block_size).sum(dim=1)  # [n]
+    answers = (loss_mask & (pos < lengths[:, None])).sum(dim=1)  # [n] assistant tokens
+    return torch.from_numpy(blocks_per_sample(candidates.numpy(), num_anchors, anchors_per_token,
+                                              answers.numpy())).long()
 
 
 def pack(
@@ -92,7 +84,7 @@ def pack(
     doc = torch.arange(n)[:, None].expand(n, t).reshape(-1)[token_index]
     pos = pos_grid.reshape(-1)[token_index]
     mask = loss_mask.reshape(-1)[token_index]
-    candidates = mask & (pos >= 1) & (pos + block_size - 1 < lengths[doc])
+    candidates = can_anchor(mask, pos, lengths[doc], block_size)
     ids = input_ids.reshape(-1)[token_index]
     per_doc = row_blocks(loss_mask, lengths, block_size, num_anchors, anchors_per_token)  # [n]
     doc_blocks = torch.cat([per_doc, per_doc.new_zeros(1)])  # [n+1]: the filler sequence has none
