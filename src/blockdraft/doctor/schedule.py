@@ -3,7 +3,9 @@ schedules the trainer follows (`blockdraft.schedule`), fed with the lengths read
 
 from __future__ import annotations
 
+import itertools
 import math
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +60,22 @@ def warmup_steps(run: LoggedRun) -> int | None:
     return None
 
 
+def _by_plan(run: LoggedRun, k: np.ndarray, curve: Any, total: int, warmup: int) -> np.ndarray | None:
+    """curve(total, warmup) at updates k under each plan the trainer followed: run_start's lengths, then
+    each time-budget re-plan (`schedule_planned`), in force from the update after the one it was logged at."""
+    start = run.run_start or {}
+    plans = [(0, start.get("total_steps"), start.get("warmup_steps"))] + [
+        (w.get("step"), w.get("total_steps"), w.get("warmup_steps"))
+        for w in run.of_kind("warning") if w.get("code") == "schedule_planned"]
+    out = curve(total, warmup)  # the latest plan's lengths (total_steps, warmup_steps)
+    for (after, plan_total, plan_warmup), (until, _, _) in itertools.pairwise(plans):
+        if _positive_int(plan_total) and isinstance(plan_warmup, int) and isinstance(after, int | float) \
+                and isinstance(until, int | float) and out is not None:
+            earlier = curve(int(plan_total), plan_warmup)
+            out = np.where((k > after) & (k <= until), earlier, out) if earlier is not None else out
+    return out
+
+
 def expected_lr(
     run: LoggedRun, k: np.ndarray, decay_from_zero: bool = False, shape: str | None = None
 ) -> np.ndarray | None:
@@ -71,7 +89,8 @@ def expected_lr(
     min_ratio = run.setting("optim", "min_lr_ratio") or 0.0
     if not isinstance(peak, int | float) or peak <= 0 or total is None or warmup is None:
         return None
-    return lr_curve(k, float(peak), warmup, total, str(schedule), float(min_ratio), decay_from_zero)
+    return _by_plan(run, k, lambda t, w: lr_curve(k, float(peak), w, t, str(schedule), float(min_ratio),
+                                                  decay_from_zero), total, warmup)
 
 
 def expected_noise(run: LoggedRun, k: np.ndarray) -> np.ndarray | None:
@@ -82,4 +101,8 @@ def expected_noise(run: LoggedRun, k: np.ndarray) -> np.ndarray | None:
     std = float(noise["std"])
     final = float(noise.get("final_std") or 0.0)
     warm = int(noise.get("warmup_steps") or 0)
-    return noise_curve(k, std, final, warm, str(noise.get("schedule") or "constant"), total_steps(run))
+    shape = str(noise.get("schedule") or "constant")
+    total = total_steps(run)
+    if total is None:
+        return noise_curve(k, std, final, warm, shape, None)
+    return _by_plan(run, k, lambda t, _w: noise_curve(k, std, final, warm, shape, t), total, 0)

@@ -80,3 +80,27 @@ def test_two_step_warmup_starting_at_half_peak_is_correct():
     """W=2: update 1 uses lr*1/2, exactly half the peak, and must not be flagged."""
     lrs = [5e-4, 1e-3, 1e-3, 1e-3]
     assert not codes(_run(lrs, _config(lr=1e-3, warmup_steps=2), {"total_steps": 4, "warmup_steps": 2}))
+
+
+def test_an_lr_replanned_by_the_time_budget_is_no_schedule_mismatch():
+    """train.max_minutes re-plans total_steps late in a run (3000 -> 2200 after update 2000): each update's
+    LR is the schedule of the plan in force then, as the trainer computes it, and the doctor expects that."""
+    from blockdraft.schedule import lr_curve
+
+    def lr(k: int) -> float:
+        return float(lr_curve([k], 6e-4, 100, 3000 if k <= 2000 else 2200, "cosine", 0.0)[0])
+
+    recs = [{"kind": "run_start", "step": 0, "config": _config(schedule="cosine", warmup_steps=100),
+             "total_steps": 3000, "warmup_steps": 100}]
+    recs += [{"kind": "step", "step": k, "lr": lr(k), "loss": 1.0} for k in range(1, 2001)]
+    recs.append({"kind": "warning", "step": 2000, "code": "schedule_planned", "severity": "info", "message": "",
+                 "total_steps": 2200, "warmup_steps": 100})
+    recs += [{"kind": "step", "step": k, "lr": lr(k), "loss": 1.0} for k in range(2001, 2201)]
+
+    def findings(records):
+        return diagnose(parse_log_bytes("".join(json.dumps(r) + "\n" for r in records).encode(), {}))
+
+    assert "lr_schedule_mismatch" not in codes(findings(recs))
+    bent = [dict(r, lr=r["lr"] * 1.5) if r["kind"] == "step" and 1000 < r["step"] <= 1100 else r for r in recs]
+    found = find(findings(bent), "lr_schedule_mismatch")
+    assert found and found[0].steps[0] == 1001  # a real departure is still caught
