@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from blockdraft.bench.synthetic import SyntheticDataset
 from blockdraft.config import Config, default_layer_ids
-from blockdraft.data.cost import dataset_blocks, dataset_costs
+from blockdraft.data.cost import anchor_candidates, dataset_blocks, dataset_costs
 from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense bf16, no sparsity
@@ -99,7 +99,8 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     count = max(4096, (args.steps + args.warmup + 2) * args.micro_batch * cfg.train.grad_accum * 4)
     dataset = SyntheticDataset(profile, args.seq_len, hf_cfg.vocab_size, count, median=args.mix_median,
                                sigma=args.mix_sigma)
-    costs = dataset_costs(dataset, hf_cfg, cfg, hot.target.layer_ids)  # micro-batches cut as training cuts them
+    candidates = anchor_candidates(dataset, cfg.drafter.block_size)  # one scan, for the costs and the warm-up
+    costs = dataset_costs(dataset, hf_cfg, cfg, hot.target.layer_ids, candidates)  # cut as training cuts them
     sampler = BatchSampler(dataset.lengths, cfg.data, seed=cfg.train.seed, rank=world.rank, world_size=world.size,
                            grad_accum=cfg.train.grad_accum, costs=costs)
 
@@ -111,7 +112,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     t0, before = time.perf_counter(), graphs_compiled()
     epochs = math.ceil((args.warmup + args.steps) * cfg.train.grad_accum / max(1, sampler.batches_per_epoch))
     # the graphs of every pass shape of the plan, as `blockdraft train` compiles them before update 1
-    warm_passes = hot.warm_up(hot.warmup_batches(dataset, sampler, dataset_blocks(dataset, cfg), epochs))
+    warm_passes = hot.warm_up(hot.warmup_batches(dataset, sampler, dataset_blocks(dataset, cfg, candidates), epochs))
     _sync(device)
     warm = {"warmup_passes": warm_passes, "warmup_s": time.perf_counter() - t0,
             "warmup_graphs_compiled": graphs_compiled() - before}

@@ -110,16 +110,18 @@ def answer_tokens(dataset: TokenizedDataset) -> np.ndarray:
     return np.add.reduceat(dataset.mask, starts, dtype=np.int64) if len(dataset.mask) else starts * 0
 
 
-def dataset_costs(dataset: TokenizedDataset, hf_cfg: Any, cfg: Config, layer_ids: list[int]) -> SampleCosts:
-    """The run's cost per sample, per `data.batch_cost`."""
+def dataset_costs(dataset: TokenizedDataset, hf_cfg: Any, cfg: Config, layer_ids: list[int],
+                  candidates: tuple[np.ndarray, np.ndarray] | None = None) -> SampleCosts:
+    """The run's cost per sample, per `data.batch_cost`; `candidates`: `anchor_candidates`, if scanned already."""
     if cfg.data.batch_cost == "tokens":
         return token_costs(dataset.lengths)
-    counts, pos_sums = anchor_candidates(dataset, cfg.drafter.block_size)
+    counts, pos_sums = candidates or anchor_candidates(dataset, cfg.drafter.block_size)
     answers = answer_tokens(dataset) if cfg.train.anchors_per_token is not None else None
     return flop_costs(dataset.lengths, counts, pos_sums, hf_cfg, cfg, layer_ids, answers)
 
 
-def dataset_blocks(dataset: TokenizedDataset, cfg: Config) -> np.ndarray:
+def dataset_blocks(dataset: TokenizedDataset, cfg: Config,
+                   candidates: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """[N] blocks each sample brings to a pass, as `train.blocks.row_blocks` counts a batch's."""
-    counts, _ = anchor_candidates(dataset, cfg.drafter.block_size)
+    counts, _ = candidates or anchor_candidates(dataset, cfg.drafter.block_size)
     return blocks_per_sample(counts, cfg.train.num_anchors, cfg.train.anchors_per_token, answer_tokens(dataset))

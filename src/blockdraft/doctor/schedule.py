@@ -60,19 +60,17 @@ def warmup_steps(run: LoggedRun) -> int | None:
     return None
 
 
-def _by_plan(run: LoggedRun, k: np.ndarray, curve: Any, total: int, warmup: int) -> np.ndarray | None:
+def _by_plan(run: LoggedRun, k: np.ndarray, curve: Any, total: int, warmup: int) -> np.ndarray:
     """curve(total, warmup) at updates k under each plan the trainer followed: run_start's lengths, then
     each time-budget re-plan (`schedule_planned`), in force from the update after the one it was logged at."""
     start = run.run_start or {}
     plans = [(0, start.get("total_steps"), start.get("warmup_steps"))] + [
-        (w.get("step"), w.get("total_steps"), w.get("warmup_steps"))
+        (w.get("step", 0), w.get("total_steps"), w.get("warmup_steps"))
         for w in run.of_kind("warning") if w.get("code") == "schedule_planned"]
     out = curve(total, warmup)  # the latest plan's lengths (total_steps, warmup_steps)
     for (after, plan_total, plan_warmup), (until, _, _) in itertools.pairwise(plans):
-        if _positive_int(plan_total) and isinstance(plan_warmup, int) and isinstance(after, int | float) \
-                and isinstance(until, int | float) and out is not None:
-            earlier = curve(int(plan_total), plan_warmup)
-            out = np.where((k > after) & (k <= until), earlier, out) if earlier is not None else out
+        if _positive_int(plan_total) and isinstance(plan_warmup, int):
+            out = np.where((k > after) & (k <= until), curve(int(plan_total), plan_warmup), out)
     return out
 
 

@@ -30,7 +30,7 @@ from blockdraft import __version__
 from blockdraft.config import Config, default_layer_ids, dump_config, total_warmup_steps
 from blockdraft.data.batching import BatchSampler
 from blockdraft.data.cache import TokenizedDataset, prepare_dataset
-from blockdraft.data.cost import dataset_blocks, dataset_costs
+from blockdraft.data.cost import anchor_candidates, dataset_blocks, dataset_costs
 from blockdraft.data.prefetch import Batch, Prefetcher
 from blockdraft.data.report import DataReport
 from blockdraft.data.summary import data_record
@@ -111,9 +111,11 @@ class Trainer:
         # wrapped before the optimizer is built (FSDP2 swaps the parameters) and before the step runner
         module, defer_sync = distributed.wrap(DraftForward(self.drafter), cfg.train.parallel, self.dp, self.device)
         self.hot = HotPath(self.target, self.drafter, cfg, self.device, module=module, defer_sync=defer_sync)
+        # one scan of the loss mask, for the batch costs and the warm-up's block counts
+        self.anchor_scan = anchor_candidates(self.dataset, d.block_size)  # (candidates, their position sums)
         self.sampler = BatchSampler(self.dataset.lengths, cfg.data, seed=cfg.train.seed, rank=self.rank,
                                     world_size=self.world, grad_accum=cfg.train.grad_accum,
-                                    costs=dataset_costs(self.dataset, text_cfg, cfg, layer_ids))
+                                    costs=dataset_costs(self.dataset, text_cfg, cfg, layer_ids, self.anchor_scan))
         self.updates_per_epoch = max(1, self.sampler.batches_per_epoch // cfg.train.grad_accum)
         self.total_steps = cfg.train.max_steps or max(1, math.ceil(cfg.train.epochs * self.updates_per_epoch))
         self.warmup_steps = total_warmup_steps(cfg.optim, self.total_steps)
@@ -250,7 +252,8 @@ class Trainer:
             return
         t0 = time.time()
         epochs = math.ceil(self.total_steps / self.updates_per_epoch)
-        batches = self.hot.warmup_batches(self.dataset, self.sampler, dataset_blocks(self.dataset, self.cfg), epochs)
+        blocks = dataset_blocks(self.dataset, self.cfg, self.anchor_scan)
+        batches = self.hot.warmup_batches(self.dataset, self.sampler, blocks, epochs)
         passes = self.hot.warm_up(batches)
         if passes:
             self.log.write("warmup", self.step, passes=passes, seconds=time.time() - t0,
