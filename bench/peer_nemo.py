@@ -318,7 +318,7 @@ def measure_mode(peer: Peer, nemo: types.SimpleNamespace, profile: str, mode: st
     batches = micro_batches(mode, dataset, nemo, args.seq_len, args.micro_batch, updates * grad_accum)
     t_dims, d_dims = Dims.of(peer.hf_cfg), Dims.of(peer.draft_config)
     layers_run, vocab = max(shape.layer_ids) + 1, peer.hf_cfg.vocab_size
-    rows, kept, skipped, finite, anchors = [], [], 0, True, []
+    rows, kept, skipped, anchors = [], [], 0, []
     for k in range(1, updates + 1):
         if k == args.warmup + 1:
             graphs_before = graphs_compiled()
@@ -341,7 +341,6 @@ def measure_mode(peer: Peer, nemo: types.SimpleNamespace, profile: str, mode: st
                                  shape.num_layers, len(shape.layer_ids), shape.block_size, vocab) for m in done)
         fl_d += 2 * 2 * labels * d_dims.hidden * vocab  # lm_head: forward + input gradient, as measure.py
         loss = statistics.mean(m.logged[0] for m in done) if done else math.nan
-        finite = finite and math.isfinite(loss)
         anchors.append(sum(int(m.keep.sum()) for m in done))
         rows.append({"update": k, "step_time": step_time, "wait": wait, "tokens": sum(lengths),
                      "padded": sum(m.host["input_ids"].numel() for m in micro), "blocks": blocks,
@@ -353,7 +352,7 @@ def measure_mode(peer: Peer, nemo: types.SimpleNamespace, profile: str, mode: st
     result = summarize_rows(rows, time_target(peer, kept), peak, 1, graphs_before)
     result.update(profile=profile, mode=mode, peak_mem_gb=mem, micro_batches_per_step=grad_accum,
                   rows_per_micro_batch=args.micro_batch, samples_per_step=statistics.mean(r["samples"] for r in rows),
-                  anchors_drawn_per_step=statistics.mean(anchors), skipped_micro_batches=skipped, loss_finite=finite)
+                  anchors_drawn_per_step=statistics.mean(anchors), skipped_micro_batches=skipped)
     return result
 
 

@@ -97,3 +97,21 @@ def test_summary_names_the_slow_updates_and_the_last_compile():
     assert out["graphs_compiled"] == 2 and out["graphs_compiled_total"] == 9 and out["last_compile_update"] == 14
     assert out["tokens_per_s"] == 1000 and out["tokens_per_s_wall"] == pytest.approx(10_000 / 39)
     assert out["blocks_per_s"] == 400 and out["blocks_per_1k_tokens"] == 400
+    assert out["loss_finite"] is True
+
+
+def test_a_non_finite_loss_fails_the_bench_whatever_its_rates(monkeypatch, capsys):
+    """A kernel option that breaks the update can make it faster: its rates must not pass for a result."""
+    from blockdraft.bench.measure import summarize_rows
+    from blockdraft.commands import bench
+
+    rows = [{"update": k, "step_time": 1.0, "wait": 0.0, "tokens": 1000, "padded": 1000, "blocks": 400, "graphs": 0,
+             "flops_target": 1e12, "flops_drafter": 1e12, "loss": float("nan") if k == 3 else 1.0} for k in range(6)]
+    profile = {**summarize_rows(rows, 0.5, None), "profile": "full"}
+    assert profile["loss_finite"] is False
+    report = {"profiles": [profile], "checkpoint_stall": {}}
+    monkeypatch.setattr(bench, "measure", lambda args: report)
+    assert main(["bench", "--device", "cpu", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["profiles"][0]["loss_finite"] is False
+    assert "loss was not finite in full" in captured.err

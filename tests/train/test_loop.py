@@ -128,6 +128,16 @@ def test_in_training_eval_writes_measured_tau_beside_tau_est(tiny_config, tiny_c
         assert sum(e["tau_hist"]) > 0
 
 
+def test_a_run_ending_between_eval_multiples_is_evaluated_at_its_last_update(tiny_config, tiny_corpus):
+    """A time-budgeted run stops at an update the user could not choose: its final tau is still measured."""
+    cfg = tiny_config(train={"eval_every": 3, "max_steps": 5}, eval={"prompts": [str(tiny_corpus)], "max_prompts": 2,
+                                                                    "max_new_tokens": 6, "prompt_tokens": 16})
+    result = Trainer(cfg, show_console=False).run()
+    evals = [r for r in read_log(result.run_dir / "log.jsonl") if r["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [3, 5]
+    assert result.last_eval["tau"] == evals[-1]["tau"]
+
+
 def test_noise_applied_to_the_features_follows_the_schedule(tiny_config, monkeypatch):
     """The std of what is actually added to the fused features equals the logged noise_std, every step."""
     from blockdraft.schedule import noise_std_at

@@ -226,6 +226,7 @@ def summarize_rows(
         "target_time_share": target_time / step,
         "data_wait_share": sum(r["wait"] for r in rows) / wall,
         "loss_first_last": [rows[0]["loss"], rows[-1]["loss"]],
+        "loss_finite": all(math.isfinite(r["loss"]) for r in rows),  # else the rates time a broken update
         "mfu": None, "mfu_target": None, "mfu_drafter": None,
     }
     if peak:

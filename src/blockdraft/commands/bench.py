@@ -109,7 +109,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=1))
     else:
         render(report)
-    return 0
+    broken = [p["profile"] for p in report["profiles"] if not p["loss_finite"]]
+    if broken:
+        print(f"blockdraft bench: the loss was not finite in {', '.join(broken)}: those rates time a broken update",
+              file=sys.stderr)
+    return 1 if broken else 0
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -169,12 +169,27 @@ class GuardHook(Hook):
 
 
 class EvalHook(Hook):
-    """Speculative decoding on the held-out prompts every `train.eval_every` updates."""
+    """Speculative decoding on the held-out prompts every `train.eval_every` updates, and after the
+    last one (a run cut by `train.max_minutes` ends between multiples), unless a signal stopped it."""
+
+    evaluated_at: int | None = None
+    last: StepEnd | None = None
 
     def on_step_end(self, end: StepEnd) -> None:
-        t, every = self.trainer, self.trainer.cfg.train.eval_every
-        if not (end.continues and every and t.eval_prompts and t.step % every == 0):
+        self.last, every = end, self.trainer.cfg.train.eval_every
+        if end.continues and every and self.trainer.step % every == 0:
+            self.evaluate(end)
+
+    def on_end(self) -> None:
+        end = self.last
+        if end and self.trainer.cfg.train.eval_every and (end.stop is None or end.stop[0] == "completed"):
+            self.evaluate(end)
+
+    def evaluate(self, end: StepEnd) -> None:
+        t = self.trainer
+        if not t.eval_prompts or self.evaluated_at == t.step:
             return
+        self.evaluated_at = t.step
         t0 = time.time()
         t.last_eval = t.evaluate()
         t.log.write("eval", t.step, **t.last_eval, tau_est_train=end.metrics["tau_est"], eval_s=time.time() - t0)
