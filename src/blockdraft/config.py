@@ -99,7 +99,8 @@ class TrainConfig(Section):
     out_dir: str = "runs/run"
     epochs: float = Field(6, gt=0)
     max_steps: int | None = Field(None, ge=1, description="stop after this many updates (overrides epochs)")
-    max_minutes: float | None = Field(None, gt=0, description="stop (and save) after this wall time")
+    max_minutes: float | None = Field(None, gt=0, description="stop (and save) after this wall time; the final "
+                                      "eval (with eval_every) comes after it")
     grad_accum: int = Field(1, ge=1)
     num_anchors: int = Field(512, ge=1, description="blocks per sequence, at most")
     anchors_per_token: float | None = Field(
