@@ -161,8 +161,7 @@ def _encoded_chunks(
     """(file index, bytes done, result) in file order; at most 2 chunks per worker in flight."""
     tasks = ((fi, chunk, done) for fi, path in enumerate(paths) for chunk, done in iter_chunks(path, CHUNK_LINES))
     if workers <= 1:
-        for fi, chunk, done in tasks:
-            yield fi, done, encode_chunk(encoder, fmt, chunk)
+        yield from ((fi, done, encode_chunk(encoder, fmt, chunk)) for fi, chunk, done in tasks)
         return
     # fork on Linux: workers inherit the loaded tokenizer instead of importing torch+transformers again (5 s each)
     ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
