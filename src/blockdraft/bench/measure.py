@@ -190,11 +190,9 @@ def summarize_rows(
     total_tokens, total_blocks = sum(r["tokens"] for r in rows), sum(r["blocks"] for r in rows)
     per_1k = 1000 * total_blocks / max(total_tokens, 1)
     graphs = [graphs_before] + [r["graphs"] for r in rows]
-    compiled = [(r["update"], after - before) for r, before, after in zip(rows, graphs[:-1], graphs[1:], strict=True)
-                if after > before]
+    new = [after - before for before, after in zip(graphs[:-1], graphs[1:], strict=True)]  # compiled in each update
     slow = [{"update": r["update"], "time_s": round(r["step_time"], 3), "over_median": round(r["step_time"] / step, 2),
-             "graphs_compiled": after - before}
-            for r, before, after in zip(rows, graphs[:-1], graphs[1:], strict=True) if r["step_time"] > 2 * step]
+             "graphs_compiled": n} for r, n in zip(rows, new, strict=True) if r["step_time"] > 2 * step]
     fl_t = statistics.median(r["flops_target"] for r in rows)
     fl_d = statistics.median(r["flops_drafter"] for r in rows)
     tflops = (fl_t + fl_d) / step / 1e12
@@ -217,10 +215,10 @@ def summarize_rows(
         "slow_step_list": slow[:50],
         "graphs_compiled": graphs[-1] - graphs_before,
         "graphs_compiled_total": graphs[-1],
-        "last_compile_update": compiled[-1][0] if compiled else None,
+        "last_compile_update": max((r["update"] for r, n in zip(rows, new, strict=True) if n), default=None),
         "step_time_s": step,
         "tokens_per_step": tokens,
-        "pad_frac": 1 - sum(r["tokens"] for r in rows) / sum(r["padded"] for r in rows),
+        "pad_frac": 1 - total_tokens / sum(r["padded"] for r in rows),
         "tflops": tflops,
         "target_time_share": target_time / step,
         "data_wait_share": sum(r["wait"] for r in rows) / wall,
