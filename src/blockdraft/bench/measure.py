@@ -142,8 +142,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
             sums = StepSums.decode(host)
             labels = sum(sums.counted) / world.size  # summed over ranks: the mean per GPU
             fl_t = target_flops(lengths, t_dims, layers_run)
-            fl_d = sum(drafter_flops(DraftWork(w.context_tokens, w.blocks, w.context_seen, 0), d_dims,
-                                     hot.drafter.config.num_hidden_layers, taps, hot.drafter.block_size,
+            fl_d = sum(drafter_flops(w, d_dims, hot.drafter.config.num_hidden_layers, taps, hot.drafter.block_size,
                                      hf_cfg.vocab_size) for w in work)
             fl_d += 2 * 2 * labels * d_dims.hidden * hf_cfg.vocab_size  # lm_head: forward + input gradient
             rows.append({"update": k, "step_time": step_time, "wait": wait, "tokens": all_tokens,
@@ -191,11 +190,9 @@ def summarize_rows(
     total_tokens, total_blocks = sum(r["tokens"] for r in rows), sum(r["blocks"] for r in rows)
     per_1k = 1000 * total_blocks / max(total_tokens, 1)
     graphs = [graphs_before] + [r["graphs"] for r in rows]
-    compiled = [(r["update"], after - before) for r, before, after in zip(rows, graphs[:-1], graphs[1:], strict=True)
-                if after > before]
+    new = [after - before for before, after in zip(graphs[:-1], graphs[1:], strict=True)]  # compiled in each update
     slow = [{"update": r["update"], "time_s": round(r["step_time"], 3), "over_median": round(r["step_time"] / step, 2),
-             "graphs_compiled": after - before}
-            for r, before, after in zip(rows, graphs[:-1], graphs[1:], strict=True) if r["step_time"] > 2 * step]
+             "graphs_compiled": n} for r, n in zip(rows, new, strict=True) if r["step_time"] > 2 * step]
     fl_t = statistics.median(r["flops_target"] for r in rows)
     fl_d = statistics.median(r["flops_drafter"] for r in rows)
     tflops = (fl_t + fl_d) / step / 1e12
@@ -218,10 +215,10 @@ def summarize_rows(
         "slow_step_list": slow[:50],
         "graphs_compiled": graphs[-1] - graphs_before,
         "graphs_compiled_total": graphs[-1],
-        "last_compile_update": compiled[-1][0] if compiled else None,
+        "last_compile_update": max((r["update"] for r, n in zip(rows, new, strict=True) if n), default=None),
         "step_time_s": step,
         "tokens_per_step": tokens,
-        "pad_frac": 1 - sum(r["tokens"] for r in rows) / sum(r["padded"] for r in rows),
+        "pad_frac": 1 - total_tokens / sum(r["padded"] for r in rows),
         "tflops": tflops,
         "target_time_share": target_time / step,
         "data_wait_share": sum(r["wait"] for r in rows) / wall,
@@ -306,7 +303,10 @@ def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float |
     out: dict[str, float | None] = {"reserve_s": reserve_s, "first_s": times[0],
                                     "steady_s": statistics.median(times[1:]), "d2h_s": None, "first_over_d2h": None}
     if hot.device.type == "cuda":
-        nbytes = _nbytes(staged)
+        from blockdraft.commands.ckpt_scan import tensors_in
+
+        local = [t.to_local() if isinstance(t, DTensor) else t for _, t in tensors_in(staged)]  # this rank's shard
+        nbytes = sum(t.numel() * t.element_size() for t in local)
         del stager, staged
         src = torch.empty(nbytes, dtype=torch.uint8, device=hot.device)
         dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -322,12 +322,3 @@ def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float |
         out["gb"] = nbytes / 1e9
     return out
 
-
-def _nbytes(node: Any) -> int:
-    """Bytes of the tensors of a nested state dict (of a DTensor, this rank's shard)."""
-    if isinstance(node, torch.Tensor):
-        local = node.to_local() if isinstance(node, DTensor) else node
-        return local.numel() * local.element_size()
-    if isinstance(node, dict):
-        node = list(node.values())
-    return sum(_nbytes(v) for v in node) if isinstance(node, (list, tuple)) else 0

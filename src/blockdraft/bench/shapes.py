@@ -12,20 +12,16 @@ from blockdraft.errors import UserError
 _QWEN3_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0}
 _LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500_000.0, "factor": 8.0, "low_freq_factor": 1.0,
                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+_QWEN3 = dict(vocab_size=151936, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+              max_position_embeddings=40960, rope_parameters=_QWEN3_ROPE)  # what the Qwen3 sizes share
 
 SHAPES: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
-    "qwen3-8b": (Qwen3Config, dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                                   num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                                   max_position_embeddings=40960, tie_word_embeddings=False,
-                                   rope_parameters=_QWEN3_ROPE)),
-    "qwen3-4b": (Qwen3Config, dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                                   num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                                   max_position_embeddings=40960, tie_word_embeddings=True,
-                                   rope_parameters=_QWEN3_ROPE)),
-    "qwen3-1.7b": (Qwen3Config, dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
-                                     num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                                     max_position_embeddings=40960, tie_word_embeddings=True,
-                                     rope_parameters=_QWEN3_ROPE)),
+    "qwen3-8b": (Qwen3Config, dict(_QWEN3, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                                   tie_word_embeddings=False)),
+    "qwen3-4b": (Qwen3Config, dict(_QWEN3, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                                   tie_word_embeddings=True)),
+    "qwen3-1.7b": (Qwen3Config, dict(_QWEN3, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                                     num_attention_heads=16, tie_word_embeddings=True)),
     "llama-3.1-8b": (LlamaConfig, dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                                        head_dim=128, max_position_embeddings=131072, tie_word_embeddings=False,

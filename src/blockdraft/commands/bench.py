@@ -63,12 +63,14 @@ def render(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from blockdraft.telemetry.console import or_dash
+
     console = Console()
     env = report["env"]
     gpus = f"{env['world_size']} x " if env["world_size"] > 1 else ""
     console.print(f"[bold]blockdraft bench[/] {env['target']} on {gpus}{env['device_name']}: drafter {env['drafter']}, "
                   f"torch {env['torch']}; nominal peak {env['peak_tflops'] or '-'} TFLOP/s, "
-                  f"measured bf16 matmul {_fmt(env['matmul_tflops'], '.0f')} TFLOP/s")
+                  f"measured bf16 matmul {or_dash(env['matmul_tflops'], '.0f')} TFLOP/s")
     table = Table(caption="medians over the measured steps; wall = the whole window, stalls included; slow steps "
                           "(over 2x the median) and graphs compiled while measuring show recompiles")
     for col in ("lengths", "updates", "tokens/s (real)", "wall", "per GPU", "blocks/s", "blocks/1k tok", "slow steps",
@@ -86,8 +88,8 @@ def render(report: dict[str, Any]) -> None:
                       f"{r['blocks_per_1k_tokens']:.0f}", str(r["slow_steps"]), str(r["graphs_compiled"]),
                       f"{r['step_time_s']:.3f}",
                       f"{r['tokens_per_step']:,.0f}", f"{r['pad_frac']:.1%}", f"{r['tflops']:.0f}",
-                      _fmt(r["mfu"], ".1%"), _fmt(r["mfu_target"], ".1%"), _fmt(r["mfu_drafter"], ".1%"),
-                      f"{r['target_time_share']:.0%}", f"{r['data_wait_share']:.1%}", _fmt(r["peak_mem_gb"], ".1f"),
+                      or_dash(r["mfu"], ".1%"), or_dash(r["mfu_target"], ".1%"), or_dash(r["mfu_drafter"], ".1%"),
+                      f"{r['target_time_share']:.0%}", f"{r['data_wait_share']:.1%}", or_dash(r["peak_mem_gb"], ".1f"),
                       verdict)
     console.print(table)
     stall = report["checkpoint_stall"]
@@ -95,10 +97,6 @@ def render(report: dict[str, Any]) -> None:
     console.print(f"checkpoint stall (staging drafter + AdamW state): first save {stall['first_s']:.2f}s, "
                   f"then {stall['steady_s']:.2f}s (pinned buffers reserved off the loop in "
                   f"{stall['reserve_s']:.2f}s){floor}")
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,16 +19,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
-def _flatten(node: Any, prefix: str) -> list[tuple[str, Any]]:
-    """(dotted name, tensor) pairs of a nested state dict, in its own order."""
+def tensors_in(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted name, tensor) pairs of a nested state dict, in its own order (the bench sums their bytes)."""
     import torch
 
     if isinstance(node, torch.Tensor):
         return [(prefix, node)]
     if isinstance(node, dict):
-        return [pair for k, v in node.items() for pair in _flatten(v, f"{prefix}.{k}")]
+        return [pair for k, v in node.items() for pair in tensors_in(v, f"{prefix}.{k}")]
     if isinstance(node, (list, tuple)):
-        return [pair for i, v in enumerate(node) for pair in _flatten(v, f"{prefix}.{i}")]
+        return [pair for i, v in enumerate(node) for pair in tensors_in(v, f"{prefix}.{i}")]
     return []
 
 
@@ -67,26 +67,25 @@ def scan(path: Path) -> dict[str, Any]:
         state = read_state(ckpt)  # the shards of every rank, gathered here, in this process alone
     except (OSError, ValueError, RuntimeError) as exc:
         raise UserError(f"checkpoint {ckpt} is unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
-    tensors = _flatten(state["model"], "drafter") + _flatten(state.get("optim", {}).get("state", {}), "optimizer")
+    tensors = tensors_in(state["model"], "drafter") + tensors_in(state.get("optim", {}).get("state", {}), "optimizer")
     rows = [tensor_stats(name.removeprefix("drafter."), t) for name, t in tensors]
     bad = [r["name"] for r in rows if r["nan"] or r["inf"]]
     return {"path": str(ckpt), "tensors": rows, "nonfinite_tensors": bad, "damaged": damaged}
-
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.4g}"
 
 
 def _print_table(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Column, Table
 
+    from blockdraft.telemetry.console import or_dash
+
     numbers = (Column(c, justify="right") for c in ("min", "max", "mean", "std", "NaN", "Inf"))
     table = Table("tensor", "shape", "dtype", *numbers, title=report["path"], title_justify="left")
     for r in report["tensors"]:
         style = "bold red" if r["nan"] or r["inf"] else None
-        table.add_row(r["name"], "x".join(map(str, r["shape"])) or "scalar", r["dtype"], _fmt(r["min"]),
-                      _fmt(r["max"]), _fmt(r["mean"]), _fmt(r["std"]), str(r["nan"]), str(r["inf"]), style=style)
+        table.add_row(r["name"], "x".join(map(str, r["shape"])) or "scalar", r["dtype"],
+                      *(or_dash(r[k], ".4g") for k in ("min", "max", "mean", "std")), str(r["nan"]), str(r["inf"]),
+                      style=style)
     console = Console()
     console.print(table)
     bad = report["nonfinite_tensors"]

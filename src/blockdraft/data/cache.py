@@ -161,8 +161,7 @@ def _encoded_chunks(
     """(file index, bytes done, result) in file order; at most 2 chunks per worker in flight."""
     tasks = ((fi, chunk, done) for fi, path in enumerate(paths) for chunk, done in iter_chunks(path, CHUNK_LINES))
     if workers <= 1:
-        for fi, chunk, done in tasks:
-            yield fi, done, encode_chunk(encoder, fmt, chunk)
+        yield from ((fi, done, encode_chunk(encoder, fmt, chunk)) for fi, chunk, done in tasks)
         return
     # fork on Linux: workers inherit the loaded tokenizer instead of importing torch+transformers again (5 s each)
     ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
@@ -197,16 +196,15 @@ def build_cache(paths: list[Path], tokenizer: Any, cfg: DataConfig, entry: Path,
     tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".tmp-", dir=entry.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a shared cache must be readable by every rank's user
     try:
-        empty = np.zeros(0, np.int32)  # np.concatenate needs one array at least
-        lengths, lines, file_ids = [empty], [empty], [empty]
+        # np.concatenate needs one array at least; sources: (file index, line) of each sample
+        lengths, sources = [np.zeros(0, np.int32)], [np.zeros((0, 2), np.int32)]
         with open(tmp / "ids.bin", "wb") as ids_fh, open(tmp / "mask.bin", "wb") as mask_fh, _progress(progress) as bar:
             task = bar.add_task("tokenising", total=total_bytes, samples=0)
             for fi, done, res in _encoded_chunks(paths, encoder, cfg.format, workers):
                 res.ids.tofile(ids_fh)
                 res.mask.tofile(mask_fh)
                 lengths.append(res.lengths)
-                lines.append(res.lines)
-                file_ids.append(np.full(len(res.lengths), fi, dtype=np.int32))
+                sources.append(np.stack([np.full(len(res.lines), fi, dtype=np.int32), res.lines], axis=1))
                 for length, loss, cut in zip(res.lengths, res.loss_tokens, res.truncated, strict=True):
                     report.use(int(length), int(loss), bool(cut))
                 for reason, line in res.skips:
@@ -215,7 +213,7 @@ def build_cache(paths: list[Path], tokenizer: Any, cfg: DataConfig, entry: Path,
         all_lengths = np.concatenate(lengths)
         np.save(tmp / "lengths.npy", all_lengths)
         np.save(tmp / "offsets.npy", np.concatenate([[0], np.cumsum(all_lengths, dtype=np.int64)]))
-        np.save(tmp / "sources.npy", np.stack([np.concatenate(file_ids), np.concatenate(lines)], axis=1))
+        np.save(tmp / "sources.npy", np.concatenate(sources))
         meta = {"version": CACHE_VERSION, "files": report.files, "report": report.as_record()}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         try:

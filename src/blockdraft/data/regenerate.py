@@ -147,13 +147,6 @@ class _Progress:
                             console=Console(stderr=True), disable=self.plain)
         self.task = self.bar.add_task("regenerating", total=total, rate=0.0)
 
-    def __enter__(self) -> _Progress:
-        self.bar.start()
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        self.bar.stop()
-
     @property
     def rate(self) -> float:
         return self.tokens / max(1e-9, time.perf_counter() - self.start)
@@ -209,7 +202,8 @@ def run(args: argparse.Namespace) -> int:
     engine = None
     unfinished = 0
     shards_written = 0
-    with _Progress(remaining) as progress:
+    progress = _Progress(remaining)
+    with progress.bar:  # the rich bar shows while shards are written, and stops on the way out
         try:
             for k, shard in enumerate(_shards(_read_inputs(paths, args.format, skipped), args.shard_size)):
                 if k not in todo:

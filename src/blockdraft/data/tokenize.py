@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from blockdraft.data.reading import BadRecord, Chat, Record, Text, or_bad
+from blockdraft.data.reading import BadRecord, Record, Text, or_bad
 from blockdraft.errors import UserError
 
 SENTINEL = "\ue000\ue001"
@@ -214,11 +214,9 @@ class SampleEncoder:
         """The text to tokenise and, for a chat, its assistant spans (None: learn every token)."""
         if isinstance(record, Text):
             return record.text, None
-        if isinstance(record, Chat):
-            if not self.has_template:
-                raise UserError("the target tokenizer has no chat template; use data.format=text for plain text")
-            return self.assistant_spans(record.messages)
-        raise TypeError(f"not a record: {record!r}")
+        if not self.has_template:
+            raise UserError("the target tokenizer has no chat template; use data.format=text for plain text")
+        return self.assistant_spans(record.messages)
 
     def _encode_texts(self, prepared: list[tuple[str, Spans | None] | BadRecord]) -> list[Any]:
         """One Encoding per prepared record (None for a BadRecord): plain text with the tokenizer's

@@ -57,9 +57,9 @@ class Pace:
         return sum(n for n, _ in self._work) / busy if busy > 0 else None
 
 
-def _number(rec: dict[str, Any], key: str, fmt: str) -> str:
-    value = rec.get(key)
-    return "-" if value is None else format(value, fmt)
+def or_dash(value: float | None, spec: str) -> str:
+    """A number as `spec` formats it; `-` where there is none (the bench and ckpt-scan tables too)."""
+    return "-" if value is None else format(value, spec)
 
 
 class TrainConsole:
@@ -136,9 +136,9 @@ class TrainConsole:
         if "epoch" in rec:
             of = f"/{self.epochs:g}" if self.epochs else ""
             epoch = f"  epoch {rec['epoch'] + 1}{of} {rec.get('epoch_progress', 0):.0%}"
-        stats = (f"loss {_number(rec, 'loss', '.4f')}  acc {_number(rec, 'acc', '.3f')}  "
-                 f"tau_est {_number(rec, 'tau_est', '.2f')}  lr {_number(rec, 'lr', '.2e')}  "
-                 f"{'-' if tok_s is None else format(tok_s, ',.0f')} tok/s{epoch}")
+        stats = (f"loss {or_dash(rec.get('loss'), '.4f')}  acc {or_dash(rec.get('acc'), '.3f')}  "
+                 f"tau_est {or_dash(rec.get('tau_est'), '.2f')}  lr {or_dash(rec.get('lr'), '.2e')}  "
+                 f"{or_dash(tok_s, ',.0f')} tok/s{epoch}")
         if rec.get("skipped"):
             stats += f"  [skipped: {rec.get('skip_reason')}]"
         if self._skips:
