@@ -84,10 +84,8 @@ class Context:
 
     def _since_previous(self, values: np.ndarray) -> np.ndarray:
         """Change since the previous row of the same segment (NaN at segment starts)."""
-        d = np.full(self.n, np.nan)
-        if self.n > 1:
-            d[1:] = np.diff(values)
-            d[1:][self.t.segment[1:] != self.t.segment[:-1]] = np.nan
+        d = np.diff(values, prepend=np.nan)
+        d[np.diff(self.t.segment, prepend=-1) != 0] = np.nan
         return d
 
     @cached_property

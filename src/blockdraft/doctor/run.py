@@ -81,16 +81,15 @@ class LoggedRun:
     def run_value(self, key: str) -> Any:
         """A top-level run_start value such as `total_steps`, `warmup_steps`, `batches_per_epoch`;
         the trainer's time-budget plan (`schedule_planned`) supersedes the run's `total_steps`."""
-        plan = self.schedule_plan
-        if plan is not None and key in plan:
-            return plan[key]
+        plans = self.schedule_plans
+        if plans and key in plans[-1]:
+            return plans[-1][key]
         return (self.run_start or {}).get(key)
 
     @property
-    def schedule_plan(self) -> dict[str, Any] | None:
-        """The latest `schedule_planned` warning: train.max_minutes shortened the LR schedule."""
-        plans = [w for w in self.of_kind("warning") if w.get("code") == "schedule_planned"]
-        return plans[-1] if plans else None
+    def schedule_plans(self) -> list[dict[str, Any]]:
+        """The `schedule_planned` warnings in log order: train.max_minutes shortened the LR schedule."""
+        return [w for w in self.of_kind("warning") if w.get("code") == "schedule_planned"]
 
     @property
     def from_hf_trainer(self) -> bool:

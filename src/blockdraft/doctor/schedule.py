@@ -65,8 +65,7 @@ def _by_plan(run: LoggedRun, k: np.ndarray, curve: Any, total: int, warmup: int)
     each time-budget re-plan (`schedule_planned`), in force from the update after the one it was logged at."""
     start = run.run_start or {}
     plans = [(0, start.get("total_steps"), start.get("warmup_steps"))] + [
-        (w.get("step", 0), w.get("total_steps"), w.get("warmup_steps"))
-        for w in run.of_kind("warning") if w.get("code") == "schedule_planned"]
+        (w.get("step", 0), w.get("total_steps"), w.get("warmup_steps")) for w in run.schedule_plans]
     out = curve(total, warmup)  # the latest plan's lengths (total_steps, warmup_steps)
     for (after, plan_total, plan_warmup), (until, _, _) in itertools.pairwise(plans):
         if _positive_int(plan_total) and isinstance(plan_warmup, int):

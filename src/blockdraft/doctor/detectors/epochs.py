@@ -52,7 +52,7 @@ def epoch_accounting(ctx: Context) -> Iterator[Finding]:
             if epoch_is_progress:
                 problems.append(f"epoch_progress equals progress of the whole run although epochs={epochs_cfg:g}")
     total = ctx.run.run_value("total_steps")
-    replanned = ctx.run.schedule_plan is not None  # progress counted against each plan in turn, by design
+    replanned = bool(ctx.run.schedule_plans)  # progress counted against each plan in turn, by design
     if isinstance(total, int | float) and total > 0 and math.isfinite(implied_total) and not replanned:
         evidence["total_steps"] = float(total)
         if abs(implied_total / total - 1) > 0.1:

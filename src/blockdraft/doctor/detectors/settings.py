@@ -87,12 +87,10 @@ def lr_schedule_mismatch(ctx: Context) -> Iterator[Finding]:
         return
     configured = ctx.run.setting("optim", "schedule")
     shapes = [configured] if configured else ["cosine", "linear", "constant"]
-    fits = []
-    for shape in shapes:
-        for from_zero in (False, True):
-            curve = schedule.expected_lr(ctx.run, ctx.update, decay_from_zero=from_zero, shape=shape)
-            if curve is not None:
-                fits.append((*_mismatch(ctx, lr, curve), curve))
+    # every variant is a curve: expected_lr is None only without peak, warmup or total, checked above
+    curves = [schedule.expected_lr(ctx.run, ctx.update, decay_from_zero=from_zero, shape=shape)
+              for shape in shapes for from_zero in (False, True)]
+    fits = [(*_mismatch(ctx, lr, curve), curve) for curve in curves]
     bad, rel, expected = min(fits, key=lambda fit: int(fit[0].sum()))
     ok = np.isfinite(lr) & np.isfinite(expected)
     first_rows = _first_rows(ctx)
@@ -177,8 +175,6 @@ def _lr_jumps(ctx: Context, lr: np.ndarray) -> Iterator[Finding]:
 
 
 def noise_schedule_flat(ctx: Context) -> Iterator[Finding]:
-    if not ctx.t.has("noise_std"):
-        return
     logged = ctx.t.get("noise_std")
     expected = schedule.expected_noise(ctx.run, ctx.update)
     if expected is None:

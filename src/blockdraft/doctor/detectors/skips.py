@@ -17,9 +17,7 @@ def nonfinite(ctx: Context) -> Iterator[Finding]:
     t = ctx.t
     flagged = {name: t.nonfinite(name) for name in NAN_WATCH if name in t.cols}
     per_field = {name: int(rows.sum()) for name, rows in flagged.items() if rows.any()}
-    bad = np.zeros(ctx.n, dtype=bool)
-    for rows in flagged.values():
-        bad |= rows
+    bad = np.any([np.zeros(ctx.n, dtype=bool), *flagged.values()], axis=0)
     if not bad.any():
         return
     rows = np.flatnonzero(bad)
