@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from blockdraft.errors import UserError
 from blockdraft.model.locate import looks_like_hub_id
+from blockdraft.schedule import LrShape
 
 TrackerName = Literal["tensorboard", "wandb", "trackio", "mlflow"]
 
@@ -83,7 +84,7 @@ class OptimConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     warmup_ratio: float = Field(0.04, ge=0, lt=1)
     warmup_steps: int | None = Field(None, ge=0, description="overrides warmup_ratio when set")
-    schedule: Literal["cosine", "constant", "linear"] = "cosine"
+    schedule: LrShape = "cosine"
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     grad_clip: float = Field(1.0, gt=0)
 

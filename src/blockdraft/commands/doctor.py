@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from blockdraft.doctor.findings import SEVERITIES
 from blockdraft.errors import UserError
-
-LEVELS = ("info", "warning", "error")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "trainer's) so the settings checks can run")
     parser.add_argument("--json", action="store_true", help="print the findings as a JSON list instead of a table")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with charts")
-    parser.add_argument("--fail-on", choices=LEVELS, metavar="LEVEL",
+    parser.add_argument("--fail-on", choices=SEVERITIES, metavar="LEVEL",
                         help="exit 1 if any finding is at least this severe (info|warning|error)")
     parser.add_argument("--map", dest="mapping", metavar="OURS=THEIRS,...",
                         help="read a foreign log: e.g. loss=train/loss,acc=train/acc,step=global_step")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from blockdraft.errors import UserError
+from blockdraft.schedule import LR_SHAPES
 
 # our setting -> the leaf names other configs use for it (our own dotted path always matches)
 SETTINGS: dict[str, tuple[str, ...]] = {
@@ -116,7 +117,7 @@ def _normalise(config: dict[str, Any]) -> None:
     if "min_lr_ratio" not in optim and _positive(min_lr) is not None and _positive(lr):
         optim["min_lr_ratio"] = float(min_lr) / float(lr)
     if isinstance(optim.get("schedule"), str):  # "cosine_with_warmup" -> "cosine"; a shape we lack is dropped
-        known = [name for name in ("cosine", "linear", "constant") if name in optim["schedule"].lower()]
+        known = [name for name in LR_SHAPES if name in optim["schedule"].lower()]
         if known:
             optim["schedule"] = known[0]
         else:

@@ -11,6 +11,7 @@ from blockdraft.doctor import schedule, stats
 from blockdraft.doctor.context import Context
 from blockdraft.doctor.detectors.training import spike_events
 from blockdraft.doctor.findings import Finding
+from blockdraft.schedule import LR_SHAPES
 
 LR_TOLERANCE = 0.05
 
@@ -86,7 +87,7 @@ def lr_schedule_mismatch(ctx: Context) -> Iterator[Finding]:
         yield from _lr_jumps(ctx, lr)
         return
     configured = ctx.run.setting("optim", "schedule")
-    shapes = [configured] if configured else ["cosine", "linear", "constant"]
+    shapes = [configured] if configured else list(LR_SHAPES)
     # every variant is a curve: expected_lr is None only without peak, warmup or total, checked above
     curves = [schedule.expected_lr(ctx.run, ctx.update, decay_from_zero=from_zero, shape=shape)
               for shape in shapes for from_zero in (False, True)]
