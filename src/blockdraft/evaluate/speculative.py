@@ -91,13 +91,10 @@ class Layout:
         used = self.valid[:, : self.length]
         count = int(used.sum(1).max())
         keep = torch.sort((~used).to(torch.int8), dim=1, stable=True).indices[:, :count]  # [n, count]
-        layers, n, kv, _, hd = self.cache.keys.shape
-        index = keep[None, :, None, :, None].expand(layers, n, kv, count, hd)
-        for buf in (self.cache.keys, self.cache.values):
-            buf[:, :, :, :count] = buf.gather(3, index)
-        if self.draft is not None:
-            for buf in (*self.draft.keys, *self.draft.values):
-                buf[:, :, :count] = buf.gather(2, keep[:, None, :, None].expand(n, buf.shape[1], count, buf.shape[3]))
+        for cache in (self.cache, self.draft) if self.draft is not None else (self.cache,):
+            for buf in (cache.keys, cache.values):  # [layers, n, kv_heads, S, head_dim]
+                layers, n, kv, _, hd = buf.shape
+                buf[:, :, :, :count] = buf.gather(3, keep[None, :, None, :, None].expand(layers, n, kv, count, hd))
         self.slot_pos[:, :count] = self.slot_pos.gather(1, keep)
         self.valid[:, :count] = used.gather(1, keep)
         self.valid[:, count : self.length] = False
