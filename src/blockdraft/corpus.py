@@ -22,10 +22,6 @@ SPLITS = ("target", "drafter", "heldout", "train")
 SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
 
-def stdlib_dir() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
 def part_of(relative_path: str) -> str:
     """"target", "drafter" or "heldout" for a path relative to the stdlib folder."""
     digest = hashlib.sha256(relative_path.encode()).digest()
@@ -39,7 +35,7 @@ def stdlib_files(split: str, root: Path | None = None) -> list[Path]:
     """Sorted .py files of the stdlib for `split`, one of SPLITS."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
-    root = root or stdlib_dir()
+    root = root or Path(sysconfig.get_paths()["stdlib"])
     files = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)

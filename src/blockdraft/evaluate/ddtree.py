@@ -14,14 +14,12 @@ A single path is the chain tree of the top-1 drafts, so one loop serves both mod
 from __future__ import annotations
 
 import heapq
-import time
 from dataclasses import dataclass
 
 import torch
 
 from blockdraft.evaluate.sampling import next_tokens
-from blockdraft.evaluate.speculative import Generation, Layout, sync, trim_to_eos
-from blockdraft.evaluate.static import Graphs
+from blockdraft.evaluate.speculative import Decoder, Generation, trim_to_eos
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.target import Target
 
@@ -79,19 +77,17 @@ def tree_mask(parents: list[int]) -> torch.Tensor:
     return own
 
 
-class TreeDecoder:
+class TreeDecoder(Decoder):
     """Speculative decoding of one prompt verifying a DDTree of `budget` nodes (None: the single
     top-1 path, as the sampled path runs). Slot s holds position s; the verified tree is written
     after the committed tokens and only the accepted path is moved into place."""
 
     def __init__(self, target: Target, drafter: DFlashDrafter, budget: int | None, max_prompt: int,
                  max_new_tokens: int, cuda_graphs: bool = False) -> None:
-        self.target, self.drafter, self.budget = target, drafter, budget
         block = drafter.block_size
         nodes = budget if budget is not None else block - 1
-        self.layout = Layout(target, drafter, 1, max_prompt + max_new_tokens + nodes + 2 * block)
-        self.graphs = Graphs(target.embed_tokens.weight.device, enabled=cuda_graphs)
-        self.draft = self.layout.draft_step(target, drafter)
+        super().__init__(target, drafter, 1, max_prompt + max_new_tokens + nodes + 2 * block, cuda_graphs)
+        self.budget = budget
 
     def _verify(self, ids: torch.Tensor, positions: torch.Tensor, write_at: torch.Tensor, own: torch.Tensor):
         """[anchor | nodes] written at `write_at`, each seeing the committed slots and its ancestors."""
@@ -106,26 +102,20 @@ class TreeDecoder:
     def decode(self, prompt: list[int], max_new_tokens: int, eos_id: int | None, temperature: float = 0.0,
                generator: torch.Generator | None = None) -> Generation:
         """temperature 0: greedy; > 0: accept while the draft equals the target's sampled token."""
-        target, drafter, layout = self.target, self.drafter, self.layout
-        device = target.embed_tokens.weight.device
-        block, lm_head = drafter.block_size, target.lm_head
+        target, layout, device = self.target, self.layout, self.device
+        block = self.drafter.block_size
         offsets = torch.arange(block, device=device)
-        sync(device)
-        t0 = time.perf_counter()
+        t0 = self.clock()
 
         logits, taps, ctx_pos, _ = layout.prefill(target, [prompt], tap=True)
         layout.valid.fill_(True)  # one row, no padding: slot < position limit is the whole mask
         anchor = int(next_tokens(logits, temperature, generator)[0])
         out, acceptance = [anchor], []
         ctx_at, first = layout.slot_index[: len(prompt)], True
-        start = len(prompt)  # position (and slot) of the anchor
+        start = len(prompt)  # position (and slot) of the anchor; layout.length follows it
         while len(out) < max_new_tokens and anchor != eos_id:
-            block_ids = torch.full((1, block), drafter.mask_token_id, device=device)
-            block_ids[0, 0] = anchor
-            inputs = dict(block_ids=block_ids, block_pos=(offsets + start)[None], taps=taps, ctx_pos=ctx_pos,
-                          ctx_at=ctx_at, ctx_limit=layout.bounds[start : start + 1])
-            hidden = self.draft(**inputs) if first else self.graphs("draft", self.draft, **inputs)
-            draft_logits = lm_head(hidden[0, 1:].to(lm_head.weight.dtype)).float()  # [B-1, V]
+            anchors, block_pos = torch.tensor([anchor], device=device), (offsets + start)[None]
+            draft_logits = self.draft_logits(anchors, block_pos, taps, ctx_pos, ctx_at, first)[0].float()  # [B-1, V]
             if self.budget is None:
                 tree = chain_tree(draft_logits.argmax(-1).tolist())
             else:
@@ -145,11 +135,11 @@ class TreeDecoder:
             out.extend(emitted)
             acceptance.append(len(emitted))
             start += len(emitted)
+            layout.length = start
             anchor = emitted[-1]
             if eos_id in emitted:
                 break
-        sync(device)
-        return Generation(trim_to_eos(out, max_new_tokens, eos_id), acceptance, time.perf_counter() - t0)
+        return Generation(trim_to_eos(out, max_new_tokens, eos_id), acceptance, self.clock() - t0)
 
 
 def tree_decode(

@@ -4,6 +4,7 @@ the target alone, so tau, acceptance per position, tokens/s and speedup come fro
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -42,10 +43,8 @@ def tokens_per_s(gens: list[Generation]) -> float:
 def summarize(
     gens: list[Generation], refs: list[Generation], block: int, budget: int | None, greedy: bool
 ) -> ModeResult:
-    hist = [0] * (block + 1)
-    for gen in gens:
-        for a in gen.acceptance:
-            hist[a] += 1
+    counts = Counter(a for gen in gens for a in gen.acceptance)
+    hist = [counts[a] for a in range(block + 1)]
     rounds = sum(hist)
     per_prompt = [g.tau for g in gens if g.acceptance]
     rate, ref_rate = tokens_per_s(gens), tokens_per_s(refs)

@@ -42,11 +42,6 @@ class Generation:
         return sum(self.acceptance) / len(self.acceptance) if self.acceptance else 0.0
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class Layout:
     """Rows decoded together: the target's (and the drafter's) caches in one slot layout, which
     slots hold each row's tokens (`valid` [n, S]) and at which position (`slot_pos` [n, S])."""
@@ -96,22 +91,21 @@ class Layout:
         used = self.valid[:, : self.length]
         count = int(used.sum(1).max())
         keep = torch.sort((~used).to(torch.int8), dim=1, stable=True).indices[:, :count]  # [n, count]
-        layers, n, kv, _, hd = self.cache.keys.shape
-        index = keep[None, :, None, :, None].expand(layers, n, kv, count, hd)
-        for buf in (self.cache.keys, self.cache.values):
-            buf[:, :, :, :count] = buf.gather(3, index)
-        if self.draft is not None:
-            for buf in (*self.draft.keys, *self.draft.values):
-                buf[:, :, :count] = buf.gather(2, keep[:, None, :, None].expand(n, buf.shape[1], count, buf.shape[3]))
+        for cache in (self.cache, self.draft) if self.draft is not None else (self.cache,):
+            for buf in (cache.keys, cache.values):  # [layers, n, kv_heads, S, head_dim]
+                layers, n, kv, _, hd = buf.shape
+                buf[:, :, :, :count] = buf.gather(3, keep[None, :, None, :, None].expand(layers, n, kv, count, hd))
         self.slot_pos[:, :count] = self.slot_pos.gather(1, keep)
         self.valid[:, :count] = used.gather(1, keep)
         self.valid[:, count : self.length] = False
         self.length = count
 
     def prefill(self, target: Target, prompts: list[list[int]], tap: bool):
-        """The prompts right-padded (token 0, never seen) in one eager pass. Returns each row's
-        last-token logits [n, V], the taps [n, P, N*H], their positions [n, P] and the lengths [n]."""
+        """The prompts (a short batch filled up with copies of its last) right-padded (token 0, never
+        seen) in one eager pass. Returns each row's last-token logits [n, V], the taps [n, P, N*H],
+        their positions [n, P] and the lengths [n]."""
         device = self.valid.device
+        prompts = prompts + [prompts[-1]] * (self.n - len(prompts))
         self.valid.zero_()
         lengths = torch.tensor([len(p) for p in prompts], device=device)
         width = int(max(len(p) for p in prompts))
@@ -125,10 +119,6 @@ class Layout:
         return logits[torch.arange(self.n, device=device), lengths - 1], taps, positions, lengths
 
 
-def _padded(prompts: list[list[int]], n: int) -> list[list[int]]:
-    return prompts + [prompts[-1]] * (n - len(prompts))
-
-
 def _done(out: list[int], max_new_tokens: int, eos_id: int | None) -> bool:
     return len(out) >= max_new_tokens or (eos_id is not None and eos_id in out)
 
@@ -139,35 +129,60 @@ def trim_to_eos(out: list[int], max_new_tokens: int, eos_id: int | None) -> list
     return out[:max_new_tokens]
 
 
-class SpeculativeDecoder:
+class Decoder:
+    """What every decoder allocates once: the slot layout of `n` rows, its captured steps and, with a
+    drafter, its drafting step."""
+
+    def __init__(self, target: Target, drafter: DFlashDrafter | None, n: int, slots: int, cuda_graphs: bool) -> None:
+        self.target, self.drafter, self.n = target, drafter, n
+        self.device = target.embed_tokens.weight.device
+        self.layout = Layout(target, drafter, n, slots)
+        self.graphs = Graphs(self.device, enabled=cuda_graphs)
+        if drafter is not None:
+            self.draft = self.layout.draft_step(target, drafter)
+            self.masks = torch.full((n, drafter.block_size - 1), drafter.mask_token_id, device=self.device)
+
+    def clock(self) -> float:
+        """The time now, once the device has finished its queued work."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def draft_logits(self, anchors: torch.Tensor, block_pos: torch.Tensor, taps: torch.Tensor, ctx_pos: torch.Tensor,
+                     ctx_at: torch.Tensor, first: bool) -> torch.Tensor:
+        """The drafter's logits [n, B-1, V] for the blocks [anchor, MASK...] (anchors [n]) at `block_pos`
+        [n, B], after the context features `taps` at slots `ctx_at`, seeing the slots below layout.length."""
+        layout, lm_head = self.layout, self.target.lm_head
+        inputs = dict(block_ids=torch.cat([anchors[:, None], self.masks], dim=1), block_pos=block_pos, taps=taps,
+                      ctx_pos=ctx_pos, ctx_at=ctx_at, ctx_limit=layout.bounds[layout.length : layout.length + 1])
+        # the prompt's context (any length) runs eagerly; every later round has one shape
+        hidden = self.draft(**inputs) if first else self.graphs("draft", self.draft, **inputs)
+        return lm_head(hidden[:, 1:].to(lm_head.weight.dtype))
+
+
+class SpeculativeDecoder(Decoder):
     """Greedy speculative decoding of up to `n` prompts at once, its state allocated once (and its
     steps captured once) for prompts of up to `max_prompt` tokens and `max_new_tokens` each."""
 
     def __init__(self, target: Target, drafter: DFlashDrafter, n: int, max_prompt: int, max_new_tokens: int,
                  cuda_graphs: bool = False, headroom_rounds: int = 16) -> None:
-        self.target, self.drafter, self.n = target, drafter, n
         block = drafter.block_size
         # a row holds at most its prompt and max_new_tokens + B - 1 committed tokens; in a batch a round
         # may also keep slots some rows rejected: room for `headroom_rounds` such rounds, then `compact`
         slots = max_prompt + max_new_tokens + 2 * block + (headroom_rounds * block if n > 1 else 0)
-        self.layout = Layout(target, drafter, n, slots)
-        self.graphs = Graphs(target.embed_tokens.weight.device, enabled=cuda_graphs)
+        super().__init__(target, drafter, n, slots, cuda_graphs)
         self.verify = self.layout.target_step(target, tap=True)
-        self.draft = self.layout.draft_step(target, drafter)
 
     @torch.no_grad()
     def decode(self, prompts: list[list[int]], max_new_tokens: int, eos_id: int | None) -> list[Generation]:
         """One Generation per prompt, each given an equal share of the batch's wall time."""
-        target, drafter, layout, n = self.target, self.drafter, self.layout, self.n
-        device = target.embed_tokens.weight.device
-        block, lm_head = drafter.block_size, target.lm_head
+        target, layout, n, device = self.target, self.layout, self.n, self.device
+        block = self.drafter.block_size
         offsets = torch.arange(block, device=device)
-        masks = torch.full((n, block - 1), drafter.mask_token_id, device=device)
         real = len(prompts)
-        sync(device)
-        t0 = time.perf_counter()
+        t0 = self.clock()
 
-        logits, taps, ctx_pos, start = layout.prefill(target, _padded(prompts, n), tap=True)
+        logits, taps, ctx_pos, start = layout.prefill(target, prompts, tap=True)
         anchors = logits.argmax(-1)  # [n]
         out = [[tok] for tok in anchors.tolist()]
         acceptance: list[list[int]] = [[] for _ in range(n)]
@@ -175,13 +190,8 @@ class SpeculativeDecoder:
         moving = torch.tensor(alive, device=device)
         ctx_at, first = layout.slot_index[: layout.length], True
         while any(alive):
-            block_ids = torch.cat([anchors[:, None], masks], dim=1)  # [n, B]
             block_pos = start[:, None] + offsets
-            inputs = dict(block_ids=block_ids, block_pos=block_pos, taps=taps, ctx_pos=ctx_pos, ctx_at=ctx_at,
-                          ctx_limit=layout.bounds[layout.length : layout.length + 1])
-            # the prompt's context (any length) runs eagerly; every later round has one shape
-            hidden = self.draft(**inputs) if first else self.graphs("draft", self.draft, **inputs)
-            draft = lm_head(hidden[:, 1:].to(lm_head.weight.dtype)).argmax(-1)  # [n, B-1]
+            draft = self.draft_logits(anchors, block_pos, taps, ctx_pos, ctx_at, first).argmax(-1)  # [n, B-1]
             block_ids = torch.cat([anchors[:, None], draft], dim=1)
             if layout.length + block > layout.slots:  # both caches hold every committed token here
                 layout.compact()
@@ -204,30 +214,25 @@ class SpeculativeDecoder:
             now = [live and not _done(out[r], max_new_tokens, eos_id) for r, live in enumerate(alive)]
             if now != alive:
                 alive, moving = now, torch.tensor(now, device=device)
-        sync(device)
-        share = (time.perf_counter() - t0) / real
+        share = (self.clock() - t0) / real
         return [Generation(trim_to_eos(out[r], max_new_tokens, eos_id), acceptance[r], share) for r in range(real)]
 
 
-class TargetDecoder:
+class TargetDecoder(Decoder):
     """Target-only decoding of up to `n` prompts at once (greedy or sampled): the baseline, its steps
     captured as the speculative ones are, so a speedup compares like with like."""
 
     def __init__(self, target: Target, n: int, max_prompt: int, max_new_tokens: int,
                  cuda_graphs: bool = False) -> None:
-        self.target, self.n = target, n
-        self.layout = Layout(target, None, n, max_prompt + max_new_tokens + 1)
-        self.graphs = Graphs(target.embed_tokens.weight.device, enabled=cuda_graphs)
+        super().__init__(target, None, n, max_prompt + max_new_tokens + 1, cuda_graphs)
         self.step = self.layout.target_step(target, tap=False)
 
     @torch.no_grad()
     def decode(self, prompts: list[list[int]], max_new_tokens: int, eos_id: int | None, temperature: float = 0.0,
                generator: torch.Generator | None = None) -> list[Generation]:
         layout, n, real = self.layout, self.n, len(prompts)
-        device = self.target.embed_tokens.weight.device
-        sync(device)
-        t0 = time.perf_counter()
-        logits, _, _, pos = layout.prefill(self.target, _padded(prompts, n), tap=False)
+        t0 = self.clock()
+        logits, _, _, pos = layout.prefill(self.target, prompts, tap=False)
         tokens = next_tokens(logits, temperature, generator)  # [n]
         out: list[list[int]] = [[] for _ in range(n)]
         alive = [r < real for r in range(n)]
@@ -243,8 +248,7 @@ class TargetDecoder:
             tokens = next_tokens(logits[:, -1], temperature, generator)
             layout.length += 1
             pos = pos + 1
-        sync(device)
-        share = (time.perf_counter() - t0) / real
+        share = (self.clock() - t0) / real
         return [Generation(trim_to_eos(out[r], max_new_tokens, eos_id), seconds=share) for r in range(real)]
 
 

@@ -49,25 +49,34 @@ class _SlotLayer(CacheLayerMixin):
         return self.keys.shape[2]
 
 
-class SlotCache(Cache):
-    """The target's KV cache, written where `write_at` [q] says (the same slots for every row).
-    Attention reads every slot; the caller's 4D mask decides which hold the row's visible tokens.
-    All layers live in one tensor [layers, n, kv_heads, slots, head_dim], so moving entries is one op."""
+class _Slots:
+    """Keys and values of every layer, one tensor each [layers, n, kv_heads, slots, head_dim] (so moving
+    entries is one op), written where `write_at` [q] says: the same slots for every row."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.write_at = torch.zeros(0, dtype=torch.long, device=device)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v [n, kv_heads, q, head_dim] at `write_at`; return the layer's every slot."""
+        self.keys[layer].index_copy_(2, self.write_at, k)
+        self.values[layer].index_copy_(2, self.write_at, v)
+        return self.keys[layer], self.values[layer]
+
+
+class SlotCache(_Slots, Cache):
+    """The target's KV cache. Attention reads every slot; the caller's 4D mask decides which hold the
+    row's visible tokens."""
 
     def __init__(self, config, n: int, slots: int, dtype: torch.dtype, device: torch.device) -> None:
         cfg = text_config(config)
         dims = Dims.of(cfg)
-        shape = (cfg.num_hidden_layers, n, dims.kv_heads, slots, dims.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
-        super().__init__(layers=[_SlotLayer(k, v) for k, v in zip(self.keys, self.values, strict=True)])
-        self.write_at = torch.zeros(0, dtype=torch.long, device=device)
+        _Slots.__init__(self, (cfg.num_hidden_layers, n, dims.kv_heads, slots, dims.head_dim), dtype, device)
+        Cache.__init__(self, layers=[_SlotLayer(k, v) for k, v in zip(self.keys, self.values, strict=True)])
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-        layer = self.layers[layer_idx]
-        layer.keys.index_copy_(2, self.write_at, key_states)
-        layer.values.index_copy_(2, self.write_at, value_states)
-        return layer.keys, layer.values
+        return self.write(layer_idx, key_states, value_states)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # positions are always given explicitly
@@ -78,22 +87,17 @@ class SlotCache(Cache):
         self.values.index_copy_(3, dst, self.values.index_select(3, src))
 
 
-class DraftSlots:
-    """The drafter's cache of context K/V per layer, [n, kv_heads, slots, head_dim], in the same slot
-    layout as the target's: the features of the token in target slot s sit in slot s."""
+class DraftSlots(_Slots):
+    """The drafter's cache of context K/V, in the same slot layout as the target's: the features of the
+    token in target slot s sit in slot s. The drafter stores a layer's new context K/V [n, nkv, C, hd]
+    with `extend` and attends over every slot it returns."""
 
     def __init__(self, drafter: torch.nn.Module, n: int, slots: int, device: torch.device) -> None:
         attn = drafter.layers[0].self_attn
-        dtype = next(drafter.parameters()).dtype
-        self.keys = [torch.zeros(n, attn.nkv, slots, attn.hd, dtype=dtype, device=device) for _ in drafter.layers]
-        self.values = [torch.zeros_like(k) for k in self.keys]
-        self.write_at = torch.zeros(0, dtype=torch.long, device=device)
+        shape = (len(drafter.layers), n, attn.nkv, slots, attn.hd)
+        super().__init__(shape, next(drafter.parameters()).dtype, device)
 
-    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the new context K/V [n, nkv, C, hd] at `write_at` [C]; return every slot's."""
-        self.keys[layer].index_copy_(2, self.write_at, k)
-        self.values[layer].index_copy_(2, self.write_at, v)
-        return self.keys[layer], self.values[layer]
+    extend = _Slots.write
 
 
 class Graphs:

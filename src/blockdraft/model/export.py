@@ -24,27 +24,41 @@ def config_from_dict(data: dict) -> Qwen3Config:
     return Qwen3Config(**data)
 
 
+def top_level_rope_theta(config: dict) -> dict:
+    """`config` with rope_theta also at the top level, where readers of the older layout look."""
+    rope = config.get("rope_parameters") or {}
+    if rope.get("rope_theta") is not None:
+        config["rope_theta"] = rope["rope_theta"]
+    return config
+
+
+def write_export(out_dir: Path, config: dict, state: dict[str, torch.Tensor], dtype: torch.dtype,
+                 copies: dict[str, Path] | None = None) -> Path:
+    """An export folder: config.json, model.safetensors (the tensors in `dtype`) and `copies` ({name:
+    source file}), each of mode 0644: a serving process under another user reads them."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    copies = copies or {}
+    for name, source in copies.items():
+        shutil.copyfile(source, out_dir / name)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
+    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
+    for name in ("config.json", "model.safetensors", *copies):
+        (out_dir / name).chmod(0o644)
+    return out_dir
+
+
 def save_drafter(
     state: dict[str, torch.Tensor], config: Qwen3Config | dict, out_dir: Path, dtype: torch.dtype
 ) -> Path:
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     cfg = config if isinstance(config, Qwen3Config) else config_from_dict(config)
     cfg_dict = cfg.to_dict()
     cfg_dict["dtype"] = str(dtype).removeprefix("torch.")
     cfg_dict["auto_map"] = {"AutoModel": "modeling_dflash.DFlashDraftModel"}  # trust_remote_code loading
     here = Path(__file__).parent
-    shutil.copyfile(here / "drafter.py", out_dir / "blockdraft_drafter.py")
-    shutil.copyfile(here / "remote_code.py", out_dir / "modeling_dflash.py")
-    rope = cfg_dict.get("rope_parameters") or {}
-    if rope.get("rope_theta") is not None:
-        cfg_dict["rope_theta"] = rope["rope_theta"]  # also top level: readers of the older layout look there
-    (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
-    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
-    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
-    for name in ("config.json", "model.safetensors", "blockdraft_drafter.py", "modeling_dflash.py"):
-        (out_dir / name).chmod(0o644)  # a serving process under another user reads them
-    return out_dir
+    copies = {"blockdraft_drafter.py": here / "drafter.py", "modeling_dflash.py": here / "remote_code.py"}
+    return write_export(out_dir, top_level_rope_theta(cfg_dict), state, dtype, copies)
 
 
 def load_drafter(path: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> DFlashDrafter:

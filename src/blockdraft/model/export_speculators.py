@@ -16,10 +16,9 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
-from transformers import Qwen3Config
 
 from blockdraft.errors import UserError
+from blockdraft.model.export import config_from_dict, top_level_rope_theta, write_export
 
 SPECULATORS_VERSION = "0.9.0"  # the format written; what its config class and vLLM's reader accept
 # our drafter config keys that are not the transformer layer's (speculators' converter drops the same)
@@ -50,15 +49,12 @@ def speculators_config(drafter_config: dict, verifier: str, verifier_archs: list
     """config.json for the speculators format, from a drafter config (the dflash format's dict)."""
     dflash = drafter_config["dflash_config"]
     block_size = int(drafter_config["block_size"])
-    layer = Qwen3Config(**{k: v for k, v in drafter_config.items() if k not in _NOT_LAYER_KEYS | {"model_type"}})
+    layer = config_from_dict({k: v for k, v in drafter_config.items() if k not in _NOT_LAYER_KEYS})
     layer_dict = layer.to_diff_dict()
     layer_dict.pop("transformers_version", None)
     layer_dict["model_type"] = "qwen3"
     for key in ("num_hidden_layers", "layer_types", "hidden_size", "vocab_size", "head_dim"):
         layer_dict[key] = getattr(layer, key)  # explicit, whatever the diff against defaults drops
-    rope = layer_dict.get("rope_parameters") or {}
-    if rope.get("rope_theta") is not None:
-        layer_dict["rope_theta"] = rope["rope_theta"]  # for readers of the older layout
     return {
         "architectures": ["DFlashDraftModel"],
         "speculators_model_type": "dflash",
@@ -70,7 +66,7 @@ def speculators_config(drafter_config: dict, verifier: str, verifier_archs: list
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier, "architectures": verifier_archs},
         },
-        "transformer_layer_config": layer_dict,
+        "transformer_layer_config": top_level_rope_theta(layer_dict),
         "draft_vocab_size": int(layer.vocab_size),
         "block_size": block_size,
         "target_hidden_size": None,
@@ -88,12 +84,4 @@ def save_speculators(
     verifier: str, verifier_archs: list[str],
 ) -> Path:
     """Write config.json + model.safetensors (mode 0644) in the speculators format."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = speculators_config(drafter_config, verifier, verifier_archs, dtype)
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
-    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
-    for name in ("config.json", "model.safetensors"):
-        (out_dir / name).chmod(0o644)
-    return out_dir
+    return write_export(out_dir, speculators_config(drafter_config, verifier, verifier_archs, dtype), state, dtype)

@@ -60,12 +60,8 @@ def _alone_quietly() -> Iterator[None]:
         yield
 
 
-def _fsync_file(path: Path) -> None:
-    with path.open("rb") as fh:
-        os.fsync(fh.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """fsync a file or a folder (a folder's fsync makes the renames and creations in it durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -103,11 +99,11 @@ def _commit(ckpt_root: Path, tmp: Path, step: int, manifest: dict[str, tuple[int
     elif final.exists():  # an uncommitted leftover of an earlier crash at this very step
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(ckpt_root)
+    _fsync(ckpt_root)
     marker = final / MARKER
     marker.write_text(json.dumps({"step": step, "files": manifest}))
-    _fsync_file(marker)
-    _fsync_dir(final)
+    _fsync(marker)
+    _fsync(final)
     _point_latest(ckpt_root, final)
     shutil.rmtree(aside, ignore_errors=True)
     _prune(ckpt_root, keep_last)
@@ -126,9 +122,9 @@ def _seal(tmp: Path) -> dict[str, tuple[int, int]]:
     """fsync every file of the folder and the folder itself; {name: (bytes, crc32)}."""
     manifest = {}
     for f in sorted(tmp.iterdir()):
-        _fsync_file(f)
+        _fsync(f)
         manifest[f.name] = (f.stat().st_size, _crc32(f))
-    _fsync_dir(tmp)
+    _fsync(tmp)
     return manifest
 
 
@@ -257,7 +253,7 @@ def _point_latest(ckpt_root: Path, target: Path) -> None:
     tmp_link.unlink(missing_ok=True)
     tmp_link.symlink_to(target.name)
     os.replace(tmp_link, link)
-    _fsync_dir(ckpt_root)
+    _fsync(ckpt_root)
 
 
 def _prune(ckpt_root: Path, keep_last: int) -> None:

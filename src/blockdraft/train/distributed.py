@@ -135,12 +135,14 @@ def barrier() -> None:
         dist.barrier()
 
 
-def state_dicts(drafter: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, dict[str, Any]]:
+def state_dicts(drafter: nn.Module, optimizer: torch.optim.Optimizer, with_optim: bool | None = None
+                ) -> dict[str, dict[str, Any]]:
     """{"model", "optim"}: this rank's live state, keyed by parameter name (sharded under FSDP2), what
-    a checkpoint stores at any world size. Before AdamW's first update there is no "optim": torch
-    would make one by running a zero-LR step, which counts in Adam's bias correction."""
+    a checkpoint stores at any world size. Before AdamW's first update there is no "optim" (unless
+    `with_optim` asks for it): torch would make one by running a zero-LR step, which counts in Adam's
+    bias correction."""
     state = {"model": get_model_state_dict(drafter)}
-    if optimizer.state:
+    if optimizer.state if with_optim is None else with_optim:
         state["optim"] = get_optimizer_state_dict(drafter, optimizer)
     return state
 
@@ -154,9 +156,7 @@ def full_drafter_state(drafter: nn.Module) -> dict[str, torch.Tensor]:
 def load_weights(drafter: nn.Module, optimizer: torch.optim.Optimizer, ckpt: LoadedCheckpoint) -> None:
     """Put a checkpoint's drafter and AdamW state into this run, whatever world size wrote it: dcp.load
     reads into this run's own layout (each rank the slices it holds)."""
-    state = {"model": get_model_state_dict(drafter)}
-    if "optim" in ckpt.parts:
-        state["optim"] = get_optimizer_state_dict(drafter, optimizer)
+    state = state_dicts(drafter, optimizer, with_optim="optim" in ckpt.parts)
     load_into(state, ckpt.path)
     set_model_state_dict(drafter, state["model"])
     if "optim" in state:

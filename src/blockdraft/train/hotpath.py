@@ -284,11 +284,9 @@ class HotPath:
                                         self.drafter.mask_token_id, g))
             gens.append(g)
         denom = sum(denominator(bl.label_mask, cfg.loss) for bl in blocks)
-        world = 1
         if dist.is_initialized():
             dist.all_reduce(denom)
-            world = dist.get_world_size()
-        scale = world / denom.clamp(min=1e-6)
+        scale = (dist.get_world_size() if dist.is_initialized() else 1) / denom.clamp(min=1e-6)
         total: MicroStats | None = None
         last = len(passes) - 1
         for i, (part, bl, g) in enumerate(zip(passes, blocks, gens, strict=True)):
