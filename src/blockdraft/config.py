@@ -9,16 +9,20 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from blockdraft.device import DeviceName
 from blockdraft.errors import UserError
 from blockdraft.model.locate import looks_like_hub_id
 from blockdraft.schedule import LrShape
 
 TrackerName = Literal["tensorboard", "wandb", "trackio", "mlflow"]
+
+DataFormat = Literal["auto", "messages", "conversations", "text"]
+DATA_FORMATS: tuple[str, ...] = get_args(DataFormat)  # "auto", then the record key each other format reads
 
 
 class Section(BaseModel):
@@ -41,10 +45,14 @@ class DrafterConfig(Section):
         False, description="start layer i from the target's layer L-num_layers+i and norm from its final norm"
     )
 
+    def tap_layers(self, num_target_layers: int) -> list[int]:
+        """The layers tapped on a target this deep: target_layer_ids, or the default rule's."""
+        return list(self.target_layer_ids or default_layer_ids(num_target_layers, self.num_taps))
+
 
 class DataConfig(Section):
     train_files: list[str] = Field(default_factory=list)
-    format: Literal["auto", "messages", "conversations", "text"] = "auto"
+    format: DataFormat = "auto"
     max_len: int = Field(3072, ge=8)
     overlong: Literal["truncate", "drop"] = "truncate"
     thinking: bool = False
@@ -117,7 +125,7 @@ class TrainConfig(Section):
         None, ge=1, description="split a micro-batch above this many blocks; default 1536 with flex attention "
         "(GPU), num_anchors with the dense mask (CPU), whose cost grows with the square of a pass")
     seed: int = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: DeviceName = "auto"
     precision: Literal["bf16", "fp32"] = "bf16"
     compile: bool | Literal["auto"] = Field("auto", description="torch.compile target and drafter (auto: on CUDA)")
     activation_checkpointing: bool = Field(False, description="recompute drafter layers in backward (long contexts)")

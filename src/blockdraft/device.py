@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
 from blockdraft.errors import UserError
 
 if TYPE_CHECKING:
     import torch
+
+DeviceName = Literal["auto", "cpu", "cuda"]
+DEVICES: tuple[str, ...] = get_args(DeviceName)  # the config's train.device and every verb's --device
 
 
 def pick_device(name: str) -> torch.device:

@@ -21,7 +21,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from blockdraft.bench.synthetic import SyntheticDataset
-from blockdraft.config import Config, default_layer_ids
+from blockdraft.config import Config
 from blockdraft.data.cost import anchor_candidates, dataset_blocks, dataset_costs
 from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 
@@ -59,7 +59,7 @@ def build_models(cfg: Config, hf_cfg, device: torch.device):
     from blockdraft.model.target import Target
 
     d = cfg.drafter
-    layer_ids = d.target_layer_ids or default_layer_ids(hf_cfg.num_hidden_layers, d.num_taps)
+    layer_ids = d.tap_layers(hf_cfg.num_hidden_layers)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype, attn_implementation="sdpa")

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from blockdraft.bench.shapes import SHAPES
+    from blockdraft.device import DEVICES
 
     p.add_argument("--target-shape", default="qwen3-8b", help=f"one of {', '.join(SHAPES)}")
     p.add_argument("--target", default=None, help="a local model folder: its config (random weights)")
@@ -40,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measured updates per profile (default 100 on a GPU, 20 on CPU)")
     p.add_argument("--warmup", type=int, default=None,
                    help="updates before measuring, where compilation happens (default 12 on a GPU, 6 on CPU)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default="auto", choices=DEVICES)
     p.add_argument("--peak-tflops", type=float, default=None, help="for MFU; default from the GPU name")
     p.add_argument("--no-check", action="store_true", help="skip the fast-vs-plain loss check")
     p.add_argument("--profile", default=None, help="write a torch profiler table and trace of 2 steps here")

@@ -15,11 +15,13 @@ from blockdraft.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from blockdraft.config import DATA_FORMATS
+
     parser.add_argument("files", nargs="*", metavar="FILE", help="JSONL / JSON / Parquet files (default: the config's)")
     parser.add_argument("--target", required=True, metavar="DIR_OR_ID",
                         help="target model folder, or a hub id in the local cache (its tokenizer is used)")
     parser.add_argument("--config", metavar="YAML", help="take data settings from this training config")
-    parser.add_argument("--format", choices=["auto", "messages", "conversations", "text"])
+    parser.add_argument("--format", choices=DATA_FORMATS)
     parser.add_argument("--max-len", type=int, metavar="N")
     parser.add_argument("--overlong", choices=["truncate", "drop"])
     parser.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=None,
@@ -49,9 +51,7 @@ def _parse_buckets(text: str) -> list[int] | str:
 
 def run_config(args: argparse.Namespace) -> Any:
     """The config (or the defaults for this target) with the command-line data flags on top."""
-    from pydantic import ValidationError
-
-    from blockdraft.config import Config, load_config
+    from blockdraft.config import Config, build_config, load_config
 
     base = load_config(args.config, []) if args.config else Config.model_validate({"target": {"path": args.target}})
     same_name = ("format", "max_len", "overlong", "thinking", "tokens_per_batch", "batch_cost", "max_same_bucket_run",
@@ -59,13 +59,9 @@ def run_config(args: argparse.Namespace) -> Any:
     flags = {key: getattr(args, key) for key in same_name}
     flags.update(buckets=_parse_buckets(args.buckets) if args.buckets else None,
                  interleave=False if args.no_interleave else None, train_files=list(args.files) or None)
-    updates = {k: v for k, v in flags.items() if v is not None}
-    try:
-        data = type(base.data).model_validate({**base.data.model_dump(), **updates})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise UserError(f"data.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
-    return base.model_copy(update={"data": data})
+    raw = base.model_dump()
+    raw["data"].update({k: v for k, v in flags.items() if v is not None})
+    return build_config(raw)  # a bad flag is a config error: one line, exit 2
 
 
 def _costs(cfg: Any, dataset: Any, target: str) -> tuple[Any, list[str]]:
@@ -73,7 +69,6 @@ def _costs(cfg: Any, dataset: Any, target: str) -> tuple[Any, list[str]]:
     then the padded-token budget alone cuts the micro-batches)."""
     from pathlib import Path
 
-    from blockdraft.config import default_layer_ids
     from blockdraft.data.cost import dataset_costs, token_costs
 
     if cfg.data.batch_cost == "tokens":
@@ -84,9 +79,7 @@ def _costs(cfg: Any, dataset: Any, target: str) -> tuple[Any, list[str]]:
     from transformers import AutoConfig
 
     hf_cfg = AutoConfig.from_pretrained(target).get_text_config()  # a multimodal config keeps the decoder's inside
-    d = cfg.drafter
-    layer_ids = d.target_layer_ids or default_layer_ids(hf_cfg.num_hidden_layers, d.num_taps)
-    return dataset_costs(dataset, hf_cfg, cfg, layer_ids), []
+    return dataset_costs(dataset, hf_cfg, cfg, cfg.drafter.tap_layers(hf_cfg.num_hidden_layers)), []
 
 
 def run(args: argparse.Namespace) -> int:

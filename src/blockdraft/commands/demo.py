@@ -25,10 +25,12 @@ CHUNK_CHARS = 1500
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from blockdraft.device import DEVICES
+
     p.add_argument("--minutes", type=float, default=9.0,
                    help="training budget in minutes (default 9: with export and evaluation, 10 on a 2-core CPU)")
     p.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. drafter.num_layers=1")
 
 

@@ -13,6 +13,8 @@ from blockdraft.errors import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from blockdraft.device import DEVICES
+
     p.add_argument("--target", required=True, help="the target model folder (Hugging Face format)")
     p.add_argument("--drafter", required=True, help="an exported drafter folder (config.json + model.safetensors)")
     p.add_argument("--prompts", required=True, nargs="+", help="prompt files: JSONL chats or raw text")
@@ -28,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="decode eagerly on a GPU too (default: each decoding step replays a CUDA graph)")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",

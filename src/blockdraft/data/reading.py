@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blockdraft.config import DATA_FORMATS
 from blockdraft.errors import UserError
 
 REASONS: dict[str, str] = {
@@ -39,7 +40,7 @@ ROLE_ALIASES: dict[str, str] = {
     **dict.fromkeys(("assistant", "gpt", "chatgpt", "bard", "bing", "model"), "assistant"),
 }
 
-FORMAT_KEYS = ("messages", "conversations", "text")
+FORMAT_KEYS = DATA_FORMATS[1:]
 
 
 class BadRecord(Exception):
@@ -149,6 +150,7 @@ Chunk = list[tuple[int, Any]]
 
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".pq")
+MANIFEST = "manifest.json"  # `blockdraft regenerate`'s record of a folder's inputs, not data
 
 
 def check_files(files: list[str]) -> list[Path]:
@@ -159,7 +161,7 @@ def check_files(files: list[str]) -> list[Path]:
         path = Path(name)
         if path.is_dir():  # a folder: its data files (e.g. `blockdraft regenerate`'s shards), in name order
             found = sorted(f for f in path.iterdir()
-                           if f.is_file() and f.suffix.lower() in DATA_SUFFIXES and f.name != "manifest.json")
+                           if f.is_file() and f.suffix.lower() in DATA_SUFFIXES and f.name != MANIFEST)
             if not found:
                 raise UserError(f"data folder {name} holds no {'/'.join(DATA_SUFFIXES)} files")
             paths.extend(found)

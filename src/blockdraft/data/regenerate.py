@@ -20,15 +20,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from blockdraft.data.reading import MANIFEST
 from blockdraft.errors import UserError
 
-MANIFEST = "manifest.json"
 MANIFEST_SETTINGS = ("format", "max_new_tokens", "temperature", "top_p", "thinking", "shard_size", "prompt_tokens",
                      "seed")  # the flags a rerun must repeat, besides the inputs and the target
 GROUP_BATCHES = 4  # conversations handed to the engine at once, in batches: progress comes per group
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from blockdraft.config import DATA_FORMATS
+    from blockdraft.device import DEVICES
+
     parser.add_argument("--target", required=True, metavar="DIR", help="target model folder")
     parser.add_argument("--in", dest="inputs", required=True, nargs="+", metavar="FILE", help="input chats")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder (shards + manifest)")
@@ -46,9 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-tokens", type=int, default=64, metavar="N",
                         help="answer tokens per generate call; after each, finished rows make room (0: one call)")
     parser.add_argument("--shard-size", type=int, default=1000, metavar="N", help="conversations per shard")
-    parser.add_argument("--format", choices=["auto", "messages", "conversations", "text"], default="auto")
+    parser.add_argument("--format", choices=DATA_FORMATS, default="auto")
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--device", choices=DEVICES, default="auto")
     parser.add_argument("--seed", type=int, default=0)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from blockdraft import __version__
-from blockdraft.config import Config, default_layer_ids, dump_config, total_warmup_steps
+from blockdraft.config import Config, dump_config, total_warmup_steps
 from blockdraft.data.batching import BatchSampler
 from blockdraft.data.cache import TokenizedDataset, prepare_dataset
 from blockdraft.data.cost import anchor_candidates, dataset_blocks, dataset_costs
@@ -89,7 +89,7 @@ class Trainer:
         _, self.tokenizer, hf_cfg = load_target(cfg.target.path, None, self.device)
         d = cfg.drafter
         text_cfg = text_config(hf_cfg)
-        layer_ids = d.target_layer_ids or default_layer_ids(text_cfg.num_hidden_layers, d.num_taps)
+        layer_ids = d.tap_layers(text_cfg.num_hidden_layers)
         self._setup_notes: list[tuple[str, str, str]] = []  # (code, severity, message) for the log
         if text_cfg.num_hidden_layers - 1 in layer_ids:
             self._setup_notes.append(("last_layer_tap", "warning",
