@@ -115,3 +115,21 @@ def test_a_non_finite_loss_fails_the_bench_whatever_its_rates(monkeypatch, capsy
     captured = capsys.readouterr()
     assert json.loads(captured.out)["profiles"][0]["loss_finite"] is False
     assert "loss was not finite in full" in captured.err
+
+
+def test_bench_on_a_multimodal_target_folder_times_its_text_decoder(tmp_path, capsys):
+    """A Gemma-3 folder with a vision tower: the taps and costs are its text decoder's, as in training."""
+    from transformers import Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
+
+    text = Gemma3TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=32)
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict()).save_pretrained(tmp_path)
+    rc = main(["bench", "--target", str(tmp_path), "--lengths", "mix", "--steps", "2", "--warmup", "1",
+               "--seq-len", "128", "--micro-batch", "2", "--device", "cpu", "--json",
+               "train.num_anchors=16", "drafter.num_layers=1"])
+    assert rc == 0
+    (mix,) = json.loads(capsys.readouterr().out)["profiles"]
+    assert mix["check"]["ok"] is True and mix["loss_finite"] is True
+    assert mix["tokens_per_s"] > 0

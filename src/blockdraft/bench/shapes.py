@@ -33,12 +33,13 @@ SHAPES: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
 
 
 def target_config(shape: str | None, target_dir: str | None) -> PretrainedConfig:
-    """The target's config: a named shape, or the config.json of a local model folder."""
+    """The target's config: a named shape, or the config.json of a local model folder (its text decoder's,
+    for a multimodal one: that is what the drafter taps)."""
     if target_dir is not None:
         if not Path(target_dir, "config.json").is_file():
             raise UserError(f"{target_dir}: no config.json there (a local Hugging Face model folder is expected)")
         try:
-            return AutoConfig.from_pretrained(target_dir)
+            return AutoConfig.from_pretrained(target_dir).get_text_config()
         except (OSError, ValueError) as exc:
             raise UserError(f"{target_dir}: cannot read a model config: {str(exc).splitlines()[0]}") from None
     if shape not in SHAPES:
