@@ -13,7 +13,7 @@ from blockdraft.cli import main
 from blockdraft.evaluate.runner import evaluate
 from blockdraft.evaluate.speculative import speculative_greedy
 from blockdraft.model.export import load_drafter
-from blockdraft.model.target import load_target, resolve_mask_token
+from blockdraft.model.target import load_target, open_target, resolve_mask_token
 from blockdraft.train.loop import Trainer
 from tests.conftest import make_config
 
@@ -35,7 +35,7 @@ def exported(request, tiny_corpus, tmp_path_factory):
 
 
 def test_llama_without_mask_token_gets_a_spare_special_token(tiny_llama_target):
-    _, tok, hf_cfg = load_target(tiny_llama_target, None, torch.device("cpu"))
+    _, hf_cfg, tok = open_target(tiny_llama_target)
     token_id, note = resolve_mask_token(tok, hf_cfg.vocab_size, True, None)
     assert tok.convert_ids_to_tokens(token_id) == "<spare>"  # not eos/pad, not written by the chat template
     assert "no mask token" in note and "drafter.mask_token_id" in note

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.evaluate.prompts import load_prompts
     from blockdraft.evaluate.runner import evaluate
     from blockdraft.model.export import load_drafter
-    from blockdraft.model.target import load_target
+    from blockdraft.model.target import load_target, open_target
 
     budgets = parse_budgets(args.tree_budget)
     if min(args.max_new_tokens, args.limit, args.prompt_tokens, args.batch_size) < 1:
@@ -61,12 +61,13 @@ def run(args: argparse.Namespace) -> int:
     if args.temperature < 0:
         raise UserError("--temperature must be >= 0")
     device = pick_device(args.device)
-    _, tokenizer, _ = load_target(args.target, None, device)  # prompts first: a bad set fails before the weights load
+    folder = open_target(args.target)  # prompts first: a bad set fails before the weights load
+    tokenizer = folder.tokenizer
     cfg = EvalConfig(prompts=args.prompts, max_prompts=args.limit, max_new_tokens=args.max_new_tokens,
                      prompt_tokens=args.prompt_tokens)
     prompts, skipped = load_prompts(args.prompts, tokenizer, cfg, thinking=args.thinking)
     drafter = load_drafter(args.drafter, device)
-    target, _, _ = load_target(args.target, drafter.target_layer_ids, device, args.dtype)
+    target, _, _ = load_target(folder, drafter.target_layer_ids, device, args.dtype)
     drafter.to(target.embed_tokens.weight.dtype)
     results, target_tps = evaluate(target, drafter, prompts, args.max_new_tokens, tokenizer.eos_token_id, budgets,
                                    args.temperature, args.seed, args.batch_size,

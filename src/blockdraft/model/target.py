@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -187,12 +188,18 @@ class Target(nn.Module):
         return out.logits, torch.cat(captured, dim=-1) if tap else None
 
 
-def load_target(path: str | Path, layer_ids: list[int] | None, device: torch.device, dtype: str = "auto"):
-    """Load model + tokenizer from a local folder; returns (Target | None, tokenizer, hf_config).
+class TargetFolder(NamedTuple):
+    """A checked local model folder, its config and its tokenizer: what data work needs, before the weights."""
 
-    With layer_ids None, only the tokenizer and config are loaded (for data work) and Target is None.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    path: Path
+    config: Any  # the Hugging Face config (a multimodal one keeps the decoder's inside)
+    tokenizer: Any
+
+
+def open_target(path: str | Path) -> TargetFolder:
+    """Check a local causal-LM folder and read its config and tokenizer (not its weights), so a bad
+    dataset or prompt set fails before a large model loads."""
+    from transformers import AutoConfig
 
     path = locate_model(path)
     if not path.is_dir():
@@ -206,15 +213,23 @@ def load_target(path: str | Path, layer_ids: list[int] | None, device: torch.dev
     architectures = getattr(hf_config, "architectures", None) or []
     if architectures and not any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in architectures):
         raise UserError(f"{path} is a {architectures[0]}, not a causal LM (…ForCausalLM)")
-    tokenizer = load_tokenizer(str(path))
-    if layer_ids is None:
-        return None, tokenizer, hf_config
+    return TargetFolder(path, hf_config, load_tokenizer(str(path)))
+
+
+def load_target(folder: str | Path | TargetFolder, layer_ids: list[int], device: torch.device,
+                dtype: str = "auto") -> tuple[Target, Any, Any]:
+    """The frozen target tapped at layer_ids, from a folder (`open_target`'s, or a path to open);
+    returns (Target, tokenizer, hf_config)."""
+    from transformers import AutoModelForCausalLM
+
+    if not isinstance(folder, TargetFolder):
+        folder = open_target(folder)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=_dtype(dtype, device), attn_implementation="sdpa"
+            str(folder.path), dtype=_dtype(dtype, device), attn_implementation="sdpa"
         )
     except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: cannot load as a causal LM: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"{folder.path}: cannot load as a causal LM: {str(exc).splitlines()[0]}") from None
     model.requires_grad_(False).eval().to(device)
-    return Target(model, layer_ids), tokenizer, hf_config
+    return Target(model, layer_ids), folder.tokenizer, folder.config
 

@@ -39,7 +39,7 @@ from blockdraft.errors import UserError, make_dir
 from blockdraft.evaluate.prompts import heldout_prompts
 from blockdraft.evaluate.runner import evaluate as evaluate_modes
 from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_target
-from blockdraft.model.target import load_target, resolve_mask_token, text_config
+from blockdraft.model.target import load_target, open_target, resolve_mask_token, text_config
 from blockdraft.schedule import lr_at, noise_std_at
 from blockdraft.telemetry.console import TrainConsole
 from blockdraft.telemetry.log import SCHEMA, RunLog
@@ -86,7 +86,8 @@ class Trainer:
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.train.keep_last, self.rank,
                                          self.dp.ckpt_group)
         resume_from = self.checkpointer.newest(self.warn_damaged) if resume else None
-        _, self.tokenizer, hf_cfg = load_target(cfg.target.path, None, self.device)
+        folder = open_target(cfg.target.path)  # the data is prepared before the weights load
+        self.tokenizer, hf_cfg = folder.tokenizer, folder.config
         d = cfg.drafter
         text_cfg = text_config(hf_cfg)
         layer_ids = d.tap_layers(text_cfg.num_hidden_layers)
@@ -102,7 +103,7 @@ class Trainer:
             self._setup_notes.append(("mask_token_chosen", "info", mask_note))
         self.dataset, self.data_report = self._prepare_data(self.tokenizer)
 
-        self.target, _, _ = load_target(cfg.target.path, layer_ids, self.device, cfg.target.dtype)
+        self.target, _, _ = load_target(folder, layer_ids, self.device, cfg.target.dtype)
         dcfg = drafter_config(text_cfg, d.num_layers, d.block_size, layer_ids, mask_id, d.intermediate_size,
                               self.target.embedding_scale)
         self.drafter = DFlashDrafter(dcfg).to(self.device)
