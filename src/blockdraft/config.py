@@ -17,10 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from blockdraft.device import DeviceName
 from blockdraft.errors import UserError
 from blockdraft.model.locate import looks_like_hub_id
-from blockdraft.schedule import LrShape
 
 TrackerName = Literal["tensorboard", "wandb", "trackio", "mlflow"]
 
+LrShape = Literal["cosine", "linear", "constant"]
+LR_SHAPES: tuple[str, ...] = get_args(LrShape)  # in this order the doctor tries them, so a tie goes to the first
 DataFormat = Literal["auto", "messages", "conversations", "text"]
 DATA_FORMATS: tuple[str, ...] = get_args(DataFormat)  # "auto", then the record key each other format reads
 

@@ -11,15 +11,12 @@ std to final_std. A skipped (guarded) step does not advance k, so neither schedu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
     from blockdraft.config import NoiseConfig, OptimConfig
-
-LrShape = Literal["cosine", "linear", "constant"]
-LR_SHAPES: tuple[str, ...] = get_args(LrShape)  # in this order the doctor tries them, so a tie goes to the first
 
 
 def _progress(k: np.ndarray, warmup: int, total: int) -> np.ndarray:

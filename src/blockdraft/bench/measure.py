@@ -303,7 +303,7 @@ def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float |
     out: dict[str, float | None] = {"reserve_s": reserve_s, "first_s": times[0],
                                     "steady_s": statistics.median(times[1:]), "d2h_s": None, "first_over_d2h": None}
     if hot.device.type == "cuda":
-        from blockdraft.commands.ckpt_scan import tensors_in
+        from blockdraft.train.checkpoint import tensors_in
 
         local = [t.to_local() if isinstance(t, DTensor) else t for _, t in tensors_in(staged)]  # this rank's shard
         nbytes = sum(t.numel() * t.element_size() for t in local)

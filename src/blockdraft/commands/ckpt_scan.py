@@ -19,19 +19,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
-def tensors_in(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """(dotted name, tensor) pairs of a nested state dict, in its own order (the bench sums their bytes)."""
-    import torch
-
-    if isinstance(node, torch.Tensor):
-        return [(prefix, node)]
-    if isinstance(node, dict):
-        return [pair for k, v in node.items() for pair in tensors_in(v, f"{prefix}.{k}")]
-    if isinstance(node, (list, tuple)):
-        return [pair for i, v in enumerate(node) for pair in tensors_in(v, f"{prefix}.{i}")]
-    return []
-
-
 def tensor_stats(name: str, t: Any) -> dict[str, Any]:
     """Statistics over the finite values (in float64), plus how many values are NaN or +-Inf."""
     import torch
@@ -55,7 +42,7 @@ def tensor_stats(name: str, t: Any) -> dict[str, Any]:
 
 def scan(path: Path) -> dict[str, Any]:
     from blockdraft.errors import UserError
-    from blockdraft.train.checkpoint import read_state, resolve_checkpoint, verify_checkpoint
+    from blockdraft.train.checkpoint import read_state, resolve_checkpoint, tensors_in, verify_checkpoint
 
     ckpt = resolve_checkpoint(path)
     damaged = None

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from blockdraft.config import LR_SHAPES
 from blockdraft.errors import UserError
-from blockdraft.schedule import LR_SHAPES
 
 # our setting -> the leaf names other configs use for it (our own dotted path always matches)
 SETTINGS: dict[str, tuple[str, ...]] = {

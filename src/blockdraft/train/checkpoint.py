@@ -319,6 +319,18 @@ class LoadedCheckpoint:
     parts: set[str]
 
 
+def tensors_in(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted name, tensor) pairs of a nested state dict, in its own order: what ckpt-scan inspects
+    and the bench counts the bytes of."""
+    if isinstance(node, torch.Tensor):
+        return [(prefix, node)]
+    if isinstance(node, dict):
+        return [pair for k, v in node.items() for pair in tensors_in(v, f"{prefix}.{k}")]
+    if isinstance(node, (list, tuple)):
+        return [pair for i, v in enumerate(node) for pair in tensors_in(v, f"{prefix}.{i}")]
+    return []
+
+
 def read_state(path: Path, keys: set[str] | None = None) -> dict[str, Any]:
     """Full tensors of a checkpoint, in this process alone ({"model": ..., "optim": ...}), or only
     the top-level `keys`. The state dict is rebuilt from the checkpoint's own metadata (each entry's

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from blockdraft.config import LR_SHAPES
 from blockdraft.doctor import schedule, stats
 from blockdraft.doctor.context import Context
 from blockdraft.doctor.detectors.training import spike_events
 from blockdraft.doctor.findings import Finding
-from blockdraft.schedule import LR_SHAPES
 
 LR_TOLERANCE = 0.05
 
