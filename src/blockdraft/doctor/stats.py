@@ -17,6 +17,11 @@ SEPARATION = 2.0
 MIN_SHARE = 0.03
 
 
+def finite_median(x: np.ndarray) -> float:
+    """nanmedian, or NaN when x holds no finite value (without numpy's all-NaN warning)."""
+    return float(np.nanmedian(x)) if np.isfinite(x).any() else math.nan
+
+
 def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Medians of consecutive blocks of `size` (NaN-aware) and each block's centre index.
 
@@ -40,7 +45,7 @@ def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
         centres.append(np.arange(full) * size + (size - 1) / 2.0)
     if rest:
         tail = x[full * size :]
-        meds.append(np.array([np.nanmedian(tail) if np.isfinite(tail).any() else np.nan]))
+        meds.append(np.array([finite_median(tail)]))
         centres.append(np.array([full * size + (rest - 1) / 2.0]))
     return np.concatenate(meds), np.concatenate(centres)
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from blockdraft.doctor import stats
 from blockdraft.doctor.context import Context, shared
 from blockdraft.doctor.findings import Finding, plural
 
@@ -259,7 +260,7 @@ def late_recompile(ctx: Context) -> Iterator[Finding]:
     if not len(rows):
         return
     st = ctx.t.get("step_time")
-    typical = float(np.nanmedian(st)) if np.isfinite(st).any() else math.nan
+    typical = stats.finite_median(st)
     lost = float(np.nansum(np.maximum(st[rows] - typical, 0.0))) if math.isfinite(typical) else 0.0
     graphs = int(compiled[rows].sum())
     last = ctx.step_at(rows[-1])

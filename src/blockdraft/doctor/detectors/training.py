@@ -131,7 +131,7 @@ def loss_spike(ctx: Context) -> Iterator[Finding]:
             "in_same_bucket_run": in_run,
         })
         grad = ctx.t.get("grad_norm")
-        med = _median(grad)
+        med = stats.finite_median(grad)
         if med > 0 and math.isfinite(grad[worst.peak_row]):
             evidence["grad_norm_ratio_at_max"] = float(grad[worst.peak_row]) / med
         parts.append(
@@ -189,13 +189,13 @@ def accuracy_cliff(ctx: Context) -> Iterator[Finding]:
     for e in drops:
         recovered = e.peak_row >= 0
         pre, trough = slice(max(0, e.first_row - 60), e.first_row), slice(e.first_row, e.first_row + 40)
-        before, after = _median(acc[pre]), _median(acc[trough])
+        before, after = stats.finite_median(acc[pre]), stats.finite_median(acc[trough])
         recovery = int(ctx.step[e.last_row] - ctx.step[e.first_row]) if recovered else None
         evidence = {
             "acc_before": before, "acc_after": after, "depth_ratio": e.ratio,
             "recovery_steps": recovery if recovery is not None else math.nan, "recovered": int(recovered),
         }
-        loss_before, loss_after = _median(loss[pre]), _median(loss[trough])
+        loss_before, loss_after = stats.finite_median(loss[pre]), stats.finite_median(loss[trough])
         if math.isfinite(loss_before) and math.isfinite(loss_after):
             evidence["loss_before"], evidence["loss_after"] = loss_before, loss_after
         if _rows_after_checkpoints(ctx, [e.first_row], within=30):
@@ -212,10 +212,6 @@ def accuracy_cliff(ctx: Context) -> Iterator[Finding]:
             ),
             weight=(1.0 - e.ratio) * (recovery or ctx.n),
         )
-
-
-def _median(x: np.ndarray) -> float:
-    return float(np.nanmedian(x)) if np.isfinite(x).any() else math.nan
 
 
 def plateau(ctx: Context) -> Iterator[Finding]:
