@@ -90,14 +90,12 @@ class SlotCache(_Slots, Cache):
 class DraftSlots(_Slots):
     """The drafter's cache of context K/V, in the same slot layout as the target's: the features of the
     token in target slot s sit in slot s. The drafter stores a layer's new context K/V [n, nkv, C, hd]
-    with `extend` and attends over every slot it returns."""
+    with `write` and attends over every slot it returns."""
 
     def __init__(self, drafter: torch.nn.Module, n: int, slots: int, device: torch.device) -> None:
         attn = drafter.layers[0].self_attn
         shape = (len(drafter.layers), n, attn.nkv, slots, attn.hd)
         super().__init__(shape, next(drafter.parameters()).dtype, device)
-
-    extend = _Slots.write
 
 
 class Graphs:

@@ -139,7 +139,7 @@ class DFlashDrafter(nn.Module):
         """block_embeds: [n, Q, H] embeddings of the block tokens (anchor, then mask tokens);
         block_positions: [n, Q]; ctx: [n, T, H] fused context features; ctx_positions: [n, T].
         Training passes all context and a mask. Decoding passes only the NEW context features and
-        a `cache` of context K/V (evaluate/static.py: DraftSlots) whose `extend(i, k, v)` stores them
+        a `cache` of context K/V (evaluate/static.py: DraftSlots) whose `write(i, k, v)` stores them
         and returns every slot's, [n, nkv, S, hd]; the mask [n, 1, Q, S+Q] then says which hold context.
         Returns final hidden states [n, Q, H] (apply the target's lm_head for logits)."""
         x = block_embeds
@@ -148,7 +148,7 @@ class DFlashDrafter(nn.Module):
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.kv(ctx, *rope_ctx)  # [n, nkv, T, hd]
             if cache is not None:
-                k, v = cache.extend(i, k, v)  # [n, nkv, S, hd]
+                k, v = cache.write(i, k, v)  # [n, nkv, S, hd]
             if self.checkpoint_layers and torch.is_grad_enabled():
                 x = checkpoint(layer, x, rope_q, (k, v), mask, use_reentrant=False)
             else:

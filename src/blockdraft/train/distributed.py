@@ -142,7 +142,9 @@ def state_dicts(drafter: nn.Module, optimizer: torch.optim.Optimizer, with_optim
     `with_optim` asks for it): torch would make one by running a zero-LR step, which counts in Adam's
     bias correction."""
     state = {"model": get_model_state_dict(drafter)}
-    if optimizer.state if with_optim is None else with_optim:
+    if with_optim is None:
+        with_optim = bool(optimizer.state)
+    if with_optim:
         state["optim"] = get_optimizer_state_dict(drafter, optimizer)
     return state
 

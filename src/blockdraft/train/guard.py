@@ -80,11 +80,15 @@ class StepGuard:
         """The reason to skip this step, or None to apply it (and remember its values)."""
         if not self.cfg.enabled:
             return None
-        tests = (("nonfinite_loss", lambda: not math.isfinite(loss)),  # in order: the first that fails names it
-                 ("nonfinite_grad_norm", lambda: not math.isfinite(grad_norm)),
-                 ("loss_spike", lambda: self._spike("loss", bucket, loss)),
-                 ("grad_norm_spike", lambda: self.cfg.check_grad_norm and self._spike("grad_norm", bucket, grad_norm)))
-        reason = next((name for name, fails in tests if fails()), None)
+        reason = None
+        if not math.isfinite(loss):
+            reason = "nonfinite_loss"
+        elif not math.isfinite(grad_norm):
+            reason = "nonfinite_grad_norm"
+        elif self._spike("loss", bucket, loss):
+            reason = "loss_spike"
+        elif self.cfg.check_grad_norm and self._spike("grad_norm", bucket, grad_norm):
+            reason = "grad_norm_spike"
         if reason is None:
             self._history[("loss", bucket)].append(loss)
             self._history[("grad_norm", bucket)].append(grad_norm)
