@@ -84,6 +84,28 @@ def test_fused_loss_equals_autograd_reference_values_and_grads(chunk):
     torch.testing.assert_close(h1.grad, h2.grad)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_bf16_lm_head_gradient_matches_fp32_autograd(compiled, monkeypatch):
+    """The GPU's dtypes (bf16 lm_head and hidden rows): the input gradient and ce follow the fp32
+    autograd formula to bf16 precision, eager and compiled (the compiled kernel applies the label's -1
+    after the cast to bf16)."""
+    import blockdraft.train.loss as loss_module
+
+    if compiled:  # what CUDA runs (`_compiled_ce_terms`), here on the CPU backend
+        monkeypatch.setattr(loss_module, "_ce_terms", torch.compile(loss_module._ce_terms, dynamic=True))
+    torch.manual_seed(4)
+    h = (torch.randn(40, 16) * 2).requires_grad_(True)
+    w = torch.randn(300, 16).to(torch.bfloat16)
+    y = torch.randint(0, 300, (40,))
+    rows, terms = fused_linear_loss(h, w, y, LossConfig().model_copy(update={"logits_chunk": 16}))
+    rows.sum().backward()
+    h_ref = h.detach().to(torch.bfloat16).float().requires_grad_(True)
+    logits = (h_ref.to(torch.bfloat16) @ w.T).float()
+    F.cross_entropy(logits, y, reduction="sum").backward()
+    torch.testing.assert_close(terms.ce, F.cross_entropy(logits, y, reduction="none").detach(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(h.grad, h_ref.grad, rtol=2e-2, atol=2e-2)
+
+
 def test_target_labels_are_the_targets_argmax():
     torch.manual_seed(2)
     h, th, w = torch.randn(6, 4), torch.randn(6, 4), torch.randn(9, 4)

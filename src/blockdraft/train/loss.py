@@ -61,15 +61,17 @@ def _ce_terms(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """logits [r, V] -> ce [r] (fp32 math), argmax [r], and d ce / d logits [r, V] in the logits'
     dtype. One fused log_softmax and an in-place exp: four passes over the logits when eager (a CPU
-    update spent a seventh of its time here with logsumexp, one-hot and out-of-place exp), two when compiled."""
+    update spent a seventh of its time here with logsumexp, one-hot and out-of-place exp). Compiled, it
+    is one kernel that writes only the bf16 gradient: the label's -1 is applied after the cast, so no
+    fp32 [r, V] buffer exists (with the -1 first, one did, and a cast kernel read it back)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     ce = -logp.gather(1, labels[:, None]).squeeze(1)
     pred = logp.argmax(dim=-1)
     if not need_grad:
         return ce, pred, None
-    grad = logp.exp_()  # softmax
+    grad = logp.exp_().to(logits.dtype)  # softmax
     grad[torch.arange(labels.shape[0], device=labels.device), labels] -= 1.0
-    return ce, pred, grad.to(logits.dtype)
+    return ce, pred, grad
 
 
 @functools.cache
