@@ -53,3 +53,35 @@ def test_a_block_mask_built_from_captures_padded_to_fixed_sizes_is_the_same_mask
     zero = torch.zeros((), dtype=torch.long)
     dense = dense_mask(anchors, block_doc, context_doc, b)[0, 0]
     assert torch.equal(padded.mask_mod(zero, zero, q, kv), dense)  # and entry by entry, not only per tile
+
+
+def test_the_block_mask_tiles_are_those_create_block_mask_finds_entry_by_entry():
+    """The tile lists come from interval arithmetic; evaluated entry by entry, the rule must give the
+    same lists (a tile wrongly taken whole would let queries see keys the rule hides). Packings from
+    `pack` and `sample_blocks` themselves: several sequences, shape-class filler context and blocks,
+    a block count whose queries end inside a tile."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from blockdraft.model.masks import flex_block_mask, visibility
+    from blockdraft.train.blocks import pack, sample_blocks
+    from blockdraft.train.shapes import ShapeClasses
+
+    gen = torch.Generator().manual_seed(1)
+    for b, lengths, shapes in [(16, [300, 41, 170], ShapeClasses.for_budget(16, 1024)),
+                               (16, [700, 200], None), (8, [90, 130, 33, 260], None),
+                               (4, [257], ShapeClasses.for_budget(4, 512))]:
+        n, t = len(lengths), max(lengths)
+        ids = torch.randint(5, 100, (n, t), generator=gen)
+        loss_mask = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
+        loss_mask &= torch.rand(n, t, generator=gen) > 0.2
+        packed = pack(ids, loss_mask, torch.tensor(lengths), b, 512, None, shapes)
+        blocks = sample_blocks(packed, b, 512, 0, gen)
+        ours = flex_block_mask(blocks.anchors, blocks.doc, packed.doc, b)
+        q_len, kv_len = ours.seq_lengths
+        theirs = create_block_mask(visibility(blocks.anchors, blocks.doc, packed.doc, b), None, None, q_len, kv_len,
+                                   device="cpu")
+        assert ours.seq_lengths == theirs.seq_lengths and ours.BLOCK_SIZE == theirs.BLOCK_SIZE
+        for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                     "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
+            assert torch.equal(getattr(ours, name), getattr(theirs, name)), (b, lengths, name)
+        assert int(ours.full_kv_num_blocks.sum()) > 0 and int(ours.kv_num_blocks.sum()) > 0  # both kinds met

@@ -9,6 +9,8 @@ A query of block j (anchor at packed index a_j, in sequence d_j) may see
 
 `visibility` is a flex-attention `mask_mod` body written with tensor ops only, so the same function
 also builds the dense boolean mask used with SDPA (on CPU, and as the reference in tests).
+`flex_block_mask` finds which 128 x 128 tiles the rule touches from its interval form instead (a test
+checks it against `create_block_mask`'s entry-by-entry evaluation of `visibility`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+TILE = 128  # the flex-attention BlockMask's query and key tile
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -59,15 +62,45 @@ def flex_block_mask(
     anchors: torch.Tensor, block_doc: torch.Tensor, context_doc: torch.Tensor, block_size: int,
     capture: tuple[int, int] | None = None,
 ):
-    """A flex-attention BlockMask for the same rule; built once per micro-batch, shared by all layers.
-    Its tiles outside a block's own sequence are skipped, so packing costs no attention work.
+    """A flex-attention BlockMask for the same rule; built once per pass, shared by all layers.
+
+    Its tile lists come from arithmetic, not from evaluating the rule per entry (as `create_block_mask`
+    does: a compiled kernel per pass shape, and one whose compile outlasted a warm-up). With sequences
+    packed end to end (ids ascending, as `pack` lays them), block j sees two key intervals: its
+    sequence's context before its anchor, [start(d_j), a_j), and its own block, [L + jB, L + (j+1)B).
+    Its visible keys per 128-wide key tile are then interval overlaps. A tile is skipped when no query
+    of it sees a key, taken whole when every query sees every key, and masked by `visibility` inside
+    the kernel otherwise.
+
     capture = (blocks, context): the tensors the mask_mod captures are padded to these fixed sizes
     (when larger than V and L), so a compiled forward never guards on their sizes: a graph compiled
     for one pass shape then serves every other (padding blocks see nothing, padding context is never read)."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import BlockMask
 
     v, length = anchors.shape[0], context_doc.shape[0]
-    q_len = v * block_size
+    q_len, kv_len = v * block_size, length + v * block_size
+    device = anchors.device
+    lo = torch.searchsorted(context_doc, block_doc)  # [V] first key of the block's sequence (ids ascend)
+    hi = torch.maximum(anchors, lo)  # [V]: context [lo, hi); empty for filler blocks (id -1, anchor 0)
+    own = length + torch.arange(v, device=device) * block_size  # [V]: own block [own, own + B)
+    tile = torch.arange(0, kv_len, TILE, device=device)  # [T] first key of each tile
+    end = (tile + TILE).clamp(max=kv_len)
+
+    def overlap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # [V], [V] -> [V, T]
+        return (torch.minimum(b[:, None], end) - torch.maximum(a[:, None], tile)).clamp(min=0)
+
+    seen = (overlap(lo, hi) + overlap(own, own + block_size)).int()  # [V, T] keys each block sees per tile
+    rows = torch.repeat_interleave(seen, block_size, dim=0)  # [V*B, T]: every query row of its block
+    rows = torch.cat([rows, rows.new_zeros(-q_len % TILE, rows.shape[1])])  # past Q_LEN: sees nothing
+    per_tile = rows.view(-1, TILE, rows.shape[1]).sum(1)  # [Qt, T] visible (query, key) pairs
+    full = per_tile == TILE * TILE
+    partial = (per_tile > 0) & ~full
+
+    def ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [Qt, T] -> counts, indices first
+        counts = tiles.sum(-1, dtype=torch.int32)
+        indices = torch.argsort(tiles.to(torch.int32), dim=-1, descending=True, stable=True).to(torch.int32)
+        return counts[None, None], indices[None, None]
+
     context_len = None
     if capture is not None:
         blocks_cap, context_cap = max(capture[0], v), max(capture[1], length)
@@ -75,12 +108,6 @@ def flex_block_mask(
         anchors = torch.cat([anchors, anchors.new_zeros(blocks_cap - v)])
         block_doc = torch.cat([block_doc, block_doc.new_full((blocks_cap - v,), -1)])
         context_doc = torch.cat([context_doc, context_doc.new_full((context_cap - length,), -2)])
-    return create_block_mask(
-        visibility(anchors, block_doc, context_doc, block_size, context_len),
-        B=None,
-        H=None,
-        Q_LEN=q_len,
-        KV_LEN=length + q_len,
-        device=anchors.device,
-        _compile=anchors.is_cuda,
-    )
+    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=TILE,
+                                    mask_mod=visibility(anchors, block_doc, context_doc, block_size, context_len),
+                                    seq_lengths=(q_len, kv_len))

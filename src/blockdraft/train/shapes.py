@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-TILE = 128  # the flex-attention block (query and key/value tile) size
+from blockdraft.model.masks import TILE
+
 CONTEXT_QUANTUM = 2 * TILE
 
 
