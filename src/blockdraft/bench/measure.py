@@ -157,6 +157,8 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     result.update(warm, profile=profile, peak_mem_gb=mem, micro_batches_per_step=cfg.train.grad_accum,
                   passes_per_step=statistics.mean(r["passes"] for r in rows))
     if args.profile:
+        from blockdraft.bench.profile import write_profile
+
         write_profile(hot, kept[0], args.profile, profile)
     if not args.no_check:
         result["check"] = check_fast_against_plain(hot, cfg, dataset)
@@ -257,26 +259,6 @@ def check_fast_against_plain(hot, cfg: Config, dataset: SyntheticDataset) -> dic
     norm_rel = abs(norm_f - norm_p) / max(abs(norm_p), 1e-12)
     return {"ok": loss_rel < 1e-2 and norm_rel < 5e-2, "loss_fast": loss_f, "loss_plain": loss_p,
             "loss_rel_diff": loss_rel, "grad_norm_rel_diff": norm_rel}
-
-
-def write_profile(hot, micro: list, out_dir: str, profile: str) -> None:
-    """Two updates under the torch profiler: a table of the top CUDA kernels and a Chrome trace."""
-    from pathlib import Path
-
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if hot.device.type == "cuda" else [])
-    with torch_profile(activities=activities) as prof:
-        for k in range(2):
-            hot.accumulate(micro, 1000 + k, 0, 0.0)
-            hot.drafter.zero_grad(set_to_none=True)
-        _sync(hot.device)
-    sort = "cuda_time_total" if hot.device.type == "cuda" else "cpu_time_total"
-    (out / f"{profile}-ops.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
-    prof.export_chrome_trace(str(out / f"{profile}-trace.json"))
 
 
 def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float | None]:

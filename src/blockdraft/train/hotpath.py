@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.profiler import record_function
 
 from blockdraft.config import Config
 from blockdraft.data.batching import BatchSampler, PlannedBatch
@@ -199,7 +200,8 @@ class HotPath:
         v, b = blocks.tokens.shape
         length = packed.input_ids.shape[0]
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16):
-            taps, final = self.target.features(part.input_ids, final_hidden=need_final)  # [n, T, N*H]
+            with record_function("target"):  # ranges for `blockdraft bench --profile` (bench/profile.py)
+                taps, final = self.target.features(part.input_ids, final_hidden=need_final)  # [n, T, N*H]
             taps = taps.flatten(0, 1)[packed.token_index][None]  # [1, L', N*H]: batch padding dropped
             noise = None
             if noise_std > 0 or self.noisy:
@@ -207,20 +209,23 @@ class HotPath:
                 noise = noise_std * torch.randn((1, real, h), generator=gen, device=self.device)  # [1, L, H]
                 noise = torch.cat([noise, noise.new_zeros(1, length - real, h)], dim=1)  # [1, L', H]
             embeds = self.target.embed_tokens(blocks.tokens.view(1, v * b))  # [1, V'*B, H]
-            if self.attention == "flex":
-                mask = flex_block_mask(blocks.anchors, blocks.doc, packed.doc, b, self.capture)
-            else:
-                mask = dense_mask(blocks.anchors, blocks.doc, packed.doc, b)
-            hidden = self.forward_module()(taps, noise, embeds, blocks.positions.view(1, v * b), packed.pos[None],
-                                           mask)
+            with record_function("mask"):
+                if self.attention == "flex":
+                    mask = flex_block_mask(blocks.anchors, blocks.doc, packed.doc, b, self.capture)
+                else:
+                    mask = dense_mask(blocks.anchors, blocks.doc, packed.doc, b)
+            with record_function("drafter"):
+                hidden = self.forward_module()(taps, noise, embeds, blocks.positions.view(1, v * b),
+                                               packed.pos[None], mask)
             hidden = hidden.view(v, b, -1)[:, 1:]  # [V', B-1, H]: block position 0 has no label
             target_hidden = None
             if need_final:
                 final = final.flatten(0, 1)[packed.token_index]  # [L, H]
                 before = blocks.anchors[:, None] + torch.arange(b - 1, device=self.device)  # predicts the next
                 target_hidden = final[before.clamp(max=length - 1)]  # [V', B-1, H]
-            return block_loss(hidden, self.target.lm_head.weight, blocks.labels, blocks.label_mask, loss_cfg,
-                              target_hidden)
+            with record_function("loss"):
+                return block_loss(hidden, self.target.lm_head.weight, blocks.labels, blocks.label_mask, loss_cfg,
+                                  target_hidden)
 
     @property
     def warms_up(self) -> bool:
@@ -294,7 +299,8 @@ class HotPath:
                 stats = self.micro_stats(part, bl, noise_std, g)
                 (stats.weighted_loss * scale).backward()
             total = add_stats(total, stats)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.optim.grad_clip)
+        with record_function("clip"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.optim.grad_clip)
         if isinstance(grad_norm, DTensor):  # FSDP2: the norm of sharded gradients
             grad_norm = grad_norm.full_tensor()
         vector = stats_vector(total)

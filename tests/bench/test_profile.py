@@ -1,0 +1,65 @@
+"""`blockdraft bench --profile`: kernels sorted by kind and by the part of the update that launched them."""
+
+import json
+
+import pytest
+
+from blockdraft.bench.profile import UNRANGED, kernel_kind, kernel_summary, summary_table
+from blockdraft.cli import main
+
+# kernel names as the H200 profile of a Qwen3-8B-shaped update showed them (2026-12-02)
+H200_NAMES = {
+    "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN": "GEMM",
+    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1": "SDPA attention",
+    "triton_tem_fused_flex_attention_backward_transpose_view_6": "flex attention",
+    "triton_tem_fused_flex_attention_15": "flex attention",
+    "triton_per_fused_flex_attention_backward_transpose_view_5": "fused elementwise",
+    "triton_red_fused__log_softmax__to_copy_argmax_exp_prepare_softmax_online_sub_0": "fused elementwise",
+    "triton_per_fused__scaled_dot_product_cudnn_attention__to_copy__unsafe_view_add_cat_mean_mul": "fused elementwise",
+    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::": "foreach (norm, optimizer)",
+    "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native:": "other",
+}
+
+
+def test_kernel_kinds_from_the_names_a_gpu_profile_shows():
+    assert {name: kernel_kind(name) for name in H200_NAMES} == H200_NAMES
+
+
+def kernel(name, ts, dur):
+    return {"cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+
+def gpu_range(name, ts, dur):
+    return {"cat": "gpu_user_annotation", "name": name, "ts": ts, "dur": dur}
+
+
+def test_summary_attributes_each_kernel_to_the_range_it_started_in_per_update():
+    trace = {"traceEvents": [
+        gpu_range("target", 0, 1000), gpu_range("loss", 2000, 600),
+        kernel("nvjet_sm90_a", 0, 800), kernel("triton_poi_fused_add_0", 850, 100),  # target
+        kernel("nvjet_sm90_b", 2000, 400), kernel("triton_red_fused_softmax_1", 2450, 100),  # loss
+        kernel("triton_tem_fused_flex_attention_backward_2", 3000, 600),  # launched by autograd's thread
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},  # not a kernel: not counted
+    ]}
+    s = kernel_summary(trace, updates=2)
+    assert s["busy_ms"] == pytest.approx((800 + 100 + 400 + 100 + 600) / 1e3 / 2)
+    assert s["idle_ms"] == pytest.approx((3600 - 2000) / 1e3 / 2)  # first kernel to the last one's end, less busy
+    assert s["by_kind"] == pytest.approx({"GEMM": 0.6, "flex attention": 0.3, "fused elementwise": 0.1})
+    assert list(s["by_range"]) == ["target", UNRANGED, "loss"]  # the most time first
+    assert s["by_range"]["target"] == pytest.approx({"GEMM": 0.4, "fused elementwise": 0.05})
+    assert s["by_range"]["loss"] == pytest.approx({"GEMM": 0.2, "fused elementwise": 0.05})
+    assert s["by_range"][UNRANGED] == pytest.approx({"flex attention": 0.3})
+    table = summary_table(s)
+    assert "GPU busy 1.0, idle 0.8" in table and table.splitlines()[-1].split()[1:] == ["60.0%", "30.0%", "10.0%"]
+    assert table.splitlines()[2].split() == ["target", "0.4", "0.0", "0.1", "0.5"]
+
+
+def test_bench_profile_on_the_cpu_writes_the_op_table_and_trace(tmp_path, capsys):
+    """The ranges the hot path opens reach the profiler (the kernel summary itself needs a GPU)."""
+    rc = main(["bench", "--target-shape", "tiny", "--lengths", "full", "--steps", "1", "--warmup", "0", "--seq-len",
+               "64", "--micro-batch", "1", "--device", "cpu", "--json", "--no-check", "--profile", str(tmp_path),
+               "train.num_anchors=4"])
+    assert rc == 0
+    assert (tmp_path / "full-ops.txt").exists() and not (tmp_path / "full-kernels.txt").exists()
+    names = {e.get("name") for e in json.loads((tmp_path / "full-trace.json").read_text())["traceEvents"]}
+    assert {"target", "mask", "drafter", "loss", "clip"} <= names
