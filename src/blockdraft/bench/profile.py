@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 UNRANGED = "backward and unranged"
-KINDS = ("GEMM", "flex attention", "SDPA attention", "fused elementwise", "foreach (norm, optimizer)", "copy",
-         "other")
+KINDS = ("GEMM", "flex attention", "SDPA attention", "fused elementwise", "foreach (norm, optimizer)", "other")
 
 
 def kernel_kind(name: str) -> str:
@@ -33,8 +32,6 @@ def kernel_kind(name: str) -> str:
         return "GEMM"
     if "multi_tensor" in s or "adam" in s:
         return "foreach (norm, optimizer)"
-    if "memcpy" in s or "memset" in s:
-        return "copy"
     return "other"
 
 

@@ -64,10 +64,10 @@ def flex_block_mask(
 ):
     """A flex-attention BlockMask for the same rule; built once per pass, shared by all layers.
 
-    Its tile lists come from arithmetic, not from evaluating the rule per entry (as `create_block_mask`
-    does: a compiled kernel per pass shape, and one whose compile outlasted a warm-up). With sequences
-    packed end to end (ids ascending, as `pack` lays them), block j sees two key intervals: its
-    sequence's context before its anchor, [start(d_j), a_j), and its own block, [L + jB, L + (j+1)B).
+    Its tile lists come from arithmetic, not from evaluating the rule per entry (`create_block_mask`
+    would, compiling a kernel for every pass shape; one such compile took minutes on an H200). With
+    sequences packed end to end (ids ascending, as `pack` lays them), block j sees two key intervals:
+    its sequence's context before its anchor, [start(d_j), a_j), and its own block, [L + jB, L + (j+1)B).
     Its visible keys per 128-wide key tile are then interval overlaps. A tile is skipped when no query
     of it sees a key, taken whole when every query sees every key, and masked by `visibility` inside
     the kernel otherwise.

@@ -62,8 +62,8 @@ def _ce_terms(
     """logits [r, V] -> ce [r] (fp32 math), argmax [r], and d ce / d logits [r, V] in the logits'
     dtype. One fused log_softmax and an in-place exp: four passes over the logits when eager (a CPU
     update spent a seventh of its time here with logsumexp, one-hot and out-of-place exp). Compiled, it
-    is one kernel that writes only the bf16 gradient: the label's -1 is applied after the cast, so no
-    fp32 [r, V] buffer exists (with the -1 first, one did, and a cast kernel read it back)."""
+    is one kernel that writes only the bf16 gradient: the label's -1 comes after the cast, because an
+    indexed write before it would need an fp32 [r, V] buffer and a second kernel to cast it."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     ce = -logp.gather(1, labels[:, None]).squeeze(1)
     pred = logp.argmax(dim=-1)
