@@ -31,6 +31,7 @@ def test_tiny_bench_reports_throughput_memory_and_the_fast_vs_plain_check(capsys
     (["--target-shape", "gpt-17"], "unknown target shape"),
     (["--lengths", "short"], "--lengths takes full and/or mix"),
     (["--target", "/nonexistent"], "no config.json there"),
+    (["--target-shape", "tiny", "--profile", "/dev/null/p"], "--profile /dev/null/p: cannot make the folder"),
 ])
 def test_bad_bench_arguments_are_one_line_and_exit_2(argv, message, capsys):
     assert main(["bench", "--device", "cpu", *argv]) == 2

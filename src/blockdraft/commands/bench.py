@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blockdraft.errors import UserError
@@ -138,6 +139,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.steps < 1 or args.warmup < 0 or args.micro_batch < 1 or args.mix_median < 1 or args.mix_sigma < 0:
         raise UserError("--steps, --micro-batch and --mix-median must be at least 1, --warmup and --mix-sigma "
                         "at least 0")
+    if args.profile:  # before minutes of measuring, not after
+        try:
+            Path(args.profile).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"--profile {args.profile}: cannot make the folder ({e.strerror})") from None
     world, device = distributed.init(picked, cfg.train.dist_timeout_s)
     hf_cfg = target_config(args.target_shape, args.target)
     torch.manual_seed(cfg.train.seed)
