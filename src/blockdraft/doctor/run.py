@@ -33,6 +33,11 @@ class StepTable:
     def __len__(self) -> int:
         return len(self.segment)
 
+    @property
+    def first_segment(self) -> np.ndarray:
+        """Rows (bool) of the first run segment: before any resume, rollback or step counter reset."""
+        return self.segment == self.segment[0] if len(self.segment) else np.zeros(0, dtype=bool)
+
     def nonfinite(self, name: str) -> np.ndarray:
         """Rows where the field was written as NaN or +-Infinity (a missing field is not counted)."""
         return np.isinf(self.get(name)) | (self.get(name + NAN_SUFFIX) > 0)

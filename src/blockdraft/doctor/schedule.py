@@ -43,7 +43,7 @@ def logged_steps_per_epoch(run: LoggedRun) -> int | None:
         pos = np.nan_to_num(t.get("epoch"), nan=0.0) + t.get("epoch_progress")
     else:
         return None
-    ok = np.isfinite(pos) & (t.segment == t.segment[0])
+    ok = np.isfinite(pos) & t.first_segment
     rise = stats.slope(t.steps[ok], pos[ok]) if ok.sum() >= 50 else math.nan
     return _positive_int(1.0 / rise) if rise > 0 else None
 

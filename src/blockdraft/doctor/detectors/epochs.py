@@ -14,8 +14,7 @@ from blockdraft.doctor.findings import Finding
 
 def epoch_accounting(ctx: Context) -> Iterator[Finding]:
     t = ctx.t
-    seg0 = t.segment == t.segment[0] if ctx.n else np.zeros(0, dtype=bool)
-    rows = np.flatnonzero(seg0 & np.isfinite(ctx.step))
+    rows = np.flatnonzero(t.first_segment & np.isfinite(ctx.step))
     if len(rows) < 50:
         return
     if t.has("epoch_pos"):

@@ -20,7 +20,7 @@ def _first_rows(ctx: Context) -> np.ndarray | None:
     """Rows of the first segment when the log starts at the first update (step 0 or 1, as it counts)."""
     if not ctx.starts_at_first_update or not ctx.t.has("lr"):
         return None
-    return np.flatnonzero(ctx.t.segment == ctx.t.segment[0])
+    return np.flatnonzero(ctx.t.first_segment)
 
 
 def _lag_one(ctx: Context, rows: np.ndarray) -> bool:
