@@ -36,7 +36,7 @@ def test_a_damaged_checkpoint_is_reported_and_the_previous_one_resumed(tiny_conf
     resumed = Trainer(cfg, resume=True, show_console=False)
     resumed.prefetcher.close()
     assert resumed.step == 3
-    (message,) = resumed.startup_warnings
+    (message,) = [m for code, _, m in resumed.pending_notes if code == "checkpoint_damaged"]
     assert "step-000006" in message and SHARD in message and "previous checkpoint" in message
 
 

@@ -81,8 +81,8 @@ class Trainer:
         self.show_console = show_console
         torch.manual_seed(cfg.train.seed)
 
-        self.startup_warnings: list[str] = []
-        self.log_open = False  # run_start written: a warning goes straight into the log
+        self.pending_notes: list[tuple[str, str, str]] = []  # (code, severity, message) until run_start
+        self.log_open = False  # run_start written: a note goes straight into the log
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.train.keep_last, self.rank,
                                          self.dp.ckpt_group)
         resume_from = self.checkpointer.newest(self.warn_damaged) if resume else None
@@ -91,16 +91,15 @@ class Trainer:
         d = cfg.drafter
         text_cfg = text_config(hf_cfg)
         layer_ids = d.tap_layers(text_cfg.num_hidden_layers)
-        self._setup_notes: list[tuple[str, str, str]] = []  # (code, severity, message) for the log
         if text_cfg.num_hidden_layers - 1 in layer_ids:
-            self._setup_notes.append(("last_layer_tap", "warning",
+            self.note("last_layer_tap", "warning",
                 f"drafter.target_layer_ids taps the target's last layer ({text_cfg.num_hidden_layers - 1}): serving "
                 "engines read it differently (vLLM before the final norm, as blockdraft trains; z-lab's reference "
-                "and transformers' hidden_states[-1] after it; SGLang not at all); the default rule stops at L-3"))
+                "and transformers' hidden_states[-1] after it; SGLang not at all); the default rule stops at L-3")
         mask_id, mask_note = resolve_mask_token(self.tokenizer, text_cfg.vocab_size,
                                                 bool(getattr(text_cfg, "tie_word_embeddings", False)), d.mask_token_id)
         if mask_note:
-            self._setup_notes.append(("mask_token_chosen", "info", mask_note))
+            self.note("mask_token_chosen", "info", mask_note)
         self.dataset, self.data_report = self._prepare_data(self.tokenizer)
 
         self.target, _, _ = load_target(folder, layer_ids, self.device, cfg.target.dtype)
@@ -155,13 +154,18 @@ class Trainer:
             distributed.barrier()
         return prepared
 
-    def warn_damaged(self, message: str) -> None:
-        """A damaged checkpoint passed over: logged after run_start at start-up, at once in a rollback."""
+    def note(self, code: str, severity: str, message: str) -> None:
+        """A `warning` record for the log (held until run_start is written at start-up) and a line on stderr."""
         if self.log_open:
-            self.log.write("warning", self.step, code="checkpoint_damaged", severity="warning", message=message)
+            self.log.write("warning", self.step, code=code, severity=severity, message=message)
         else:
-            self.startup_warnings.append(message)
-        print(f"warning: {message}", file=sys.stderr)
+            self.pending_notes.append((code, severity, message))
+        if self.dp.is_main:
+            print(f"{severity}: {message}", file=sys.stderr)
+
+    def warn_damaged(self, message: str) -> None:
+        """A damaged checkpoint passed over (at start-up, or in a rollback)."""
+        self.note("checkpoint_damaged", "warning", message)
 
     def shorten_schedule(self, total_steps: int) -> None:
         """A shorter schedule from the time budget; the warmup already under way keeps its length."""
@@ -303,12 +307,8 @@ class Trainer:
         )
         self.log.write("data", self.step, **data_record(self.data_report, self.sampler))
         self.log_open = True
-        for message in self.startup_warnings:
-            self.log.write("warning", self.step, code="checkpoint_damaged", severity="warning", message=message)
-        for code, severity, message in self._setup_notes:
+        for code, severity, message in self.pending_notes:
             self.log.write("warning", self.step, code=code, severity=severity, message=message)
-            if main:
-                print(f"{severity}: {message}", file=sys.stderr)
         if self.feed.world_note:
             self.log.write("warning", self.step, code="world_size_changed", severity="info",
                            message=self.feed.world_note)
