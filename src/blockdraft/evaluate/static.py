@@ -17,7 +17,6 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from blockdraft.model.flops import Dims
-from blockdraft.model.target import text_config
 
 
 class _SlotLayer(CacheLayerMixin):
@@ -70,7 +69,7 @@ class SlotCache(_Slots, Cache):
     row's visible tokens."""
 
     def __init__(self, config, n: int, slots: int, dtype: torch.dtype, device: torch.device) -> None:
-        cfg = text_config(config)
+        cfg = config.get_text_config()  # a multimodal config keeps the decoder's inside
         dims = Dims.of(cfg)
         _Slots.__init__(self, (cfg.num_hidden_layers, n, dims.kv_heads, slots, dims.head_dim), dtype, device)
         Cache.__init__(self, layers=[_SlotLayer(k, v) for k, v in zip(self.keys, self.values, strict=True)])

@@ -77,11 +77,6 @@ def resolve_mask_token(tokenizer, vocab_rows: int, tied_head: bool, configured: 
     raise UserError(f"the target's tokenizer has no mask token and no spare special token; {advice}")
 
 
-def text_config(hf_config):
-    """The decoder's config (a multimodal config such as Gemma3Config keeps it in text_config)."""
-    return hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-
-
 class Target(nn.Module):
     """Wraps a frozen HF causal LM: tapped features for training, full forward for decoding."""
 

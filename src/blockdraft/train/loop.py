@@ -39,7 +39,7 @@ from blockdraft.errors import UserError, make_dir
 from blockdraft.evaluate.prompts import heldout_prompts
 from blockdraft.evaluate.runner import evaluate as evaluate_modes
 from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_target
-from blockdraft.model.target import load_target, open_target, resolve_mask_token, text_config
+from blockdraft.model.target import load_target, open_target, resolve_mask_token
 from blockdraft.schedule import lr_at, noise_std_at
 from blockdraft.telemetry.console import TrainConsole
 from blockdraft.telemetry.log import SCHEMA, RunLog
@@ -89,7 +89,7 @@ class Trainer:
         folder = open_target(cfg.target.path)  # the data is prepared before the weights load
         self.tokenizer, hf_cfg = folder.tokenizer, folder.config
         d = cfg.drafter
-        text_cfg = text_config(hf_cfg)
+        text_cfg = hf_cfg.get_text_config()  # a multimodal config keeps the decoder's inside
         layer_ids = d.tap_layers(text_cfg.num_hidden_layers)
         if text_cfg.num_hidden_layers - 1 in layer_ids:
             self.note("last_layer_tap", "warning",
