@@ -96,10 +96,13 @@ def flex_block_mask(
     full = per_tile == TILE * TILE
     partial = (per_tile > 0) & ~full
 
-    def ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [Qt, T] -> counts, indices first
+    def ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [rows, cols] -> counts, indices first
         counts = tiles.sum(-1, dtype=torch.int32)
         indices = torch.argsort(tiles.to(torch.int32), dim=-1, descending=True, stable=True).to(torch.int32)
         return counts[None, None], indices[None, None]
+
+    (kv_num, kv_idx), (full_kv_num, full_kv_idx) = ordered(partial), ordered(full)  # per query tile
+    (q_num, q_idx), (full_q_num, full_q_idx) = ordered(partial.T), ordered(full.T)  # per key tile (backward)
 
     context_len = None
     if capture is not None:
@@ -108,6 +111,7 @@ def flex_block_mask(
         anchors = torch.cat([anchors, anchors.new_zeros(blocks_cap - v)])
         block_doc = torch.cat([block_doc, block_doc.new_full((blocks_cap - v,), -1)])
         context_doc = torch.cat([context_doc, context_doc.new_full((context_cap - length,), -2)])
-    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=TILE,
-                                    mask_mod=visibility(anchors, block_doc, context_doc, block_size, context_len),
-                                    seq_lengths=(q_len, kv_len))
+    return BlockMask(seq_lengths=(q_len, kv_len), kv_num_blocks=kv_num, kv_indices=kv_idx,
+                     full_kv_num_blocks=full_kv_num, full_kv_indices=full_kv_idx, q_num_blocks=q_num, q_indices=q_idx,
+                     full_q_num_blocks=full_q_num, full_q_indices=full_q_idx, BLOCK_SIZE=(TILE, TILE),
+                     mask_mod=visibility(anchors, block_doc, context_doc, block_size, context_len))
