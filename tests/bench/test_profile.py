@@ -52,6 +52,7 @@ def test_summary_attributes_each_kernel_to_the_range_it_started_in_per_update():
     table = summary_table(s)
     assert "GPU busy 1.0, idle 0.8" in table and table.splitlines()[-1].split()[1:] == ["60.0%", "30.0%", "10.0%"]
     assert table.splitlines()[2].split() == ["target", "0.4", "0.0", "0.1", "0.5"]
+    assert all(kind in table.splitlines()[1] for kind in s["by_kind"])  # each name whole ("fused elementwise")
 
 
 def test_bench_profile_on_the_cpu_writes_the_op_table_and_trace(tmp_path, capsys):

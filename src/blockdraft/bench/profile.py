@@ -61,14 +61,16 @@ def summary_table(summary: dict[str, Any]) -> str:
     """The summary as a plain-text table: ranges as rows, kinds as columns, ms per update."""
     kinds = list(summary["by_kind"])
     width = max([len(r) for r in summary["by_range"]] + [len("range")])
-    head = f"{'range':<{width}}" + "".join(f"{k[:16]:>18}" for k in kinds) + f"{'total':>10}"
+    col = {k: max(len(k), 8) + 2 for k in kinds}  # wide enough for each kind's name
+    head = f"{'range':<{width}}" + "".join(f"{k:>{col[k]}}" for k in kinds) + f"{'total':>10}"
     lines = [f"ms per update over {summary['updates']} updates: GPU busy {summary['busy_ms']:.1f}, "
              f"idle {summary['idle_ms']:.1f}", head]
     for name, row in summary["by_range"].items():
-        lines.append(f"{name:<{width}}" + "".join(f"{row.get(k, 0.0):18.1f}" for k in kinds)
+        lines.append(f"{name:<{width}}" + "".join(f"{row.get(k, 0.0):{col[k]}.1f}" for k in kinds)
                      + f"{sum(row.values()):10.1f}")
     busy = max(summary["busy_ms"], 1e-9)
-    lines.append(f"{'share':<{width}}" + "".join(f"{100 * summary['by_kind'][k] / busy:17.1f}%" for k in kinds))
+    lines.append(f"{'share':<{width}}" + "".join(f"{100 * summary['by_kind'][k] / busy:{col[k] - 1}.1f}%"
+                                                 for k in kinds))
     return "\n".join(lines) + "\n"
 
 
