@@ -46,7 +46,7 @@ def test_a_block_mask_built_from_captures_padded_to_fixed_sizes_is_the_same_mask
     anchors = torch.randint(0, 256, (24,), generator=gen).sort().values  # V = 24, V*B = 384
     block_doc = context_doc[anchors]
     plain = flex_block_mask(anchors, block_doc, context_doc, b)
-    padded = flex_block_mask(anchors, block_doc, context_doc, b, capture=(1024, 4096))
+    padded = flex_block_mask(anchors, block_doc, context_doc, b, capture=1024)
     assert padded.shape == plain.shape == (1, 1, 384, 256 + 384)
     torch.testing.assert_close(padded.to_dense(), plain.to_dense(), rtol=0, atol=0)
     q, kv = torch.arange(384)[:, None], torch.arange(640)[None, :]
@@ -62,7 +62,7 @@ def test_the_block_mask_tiles_are_those_create_block_mask_finds_entry_by_entry()
     a block count whose queries end inside a tile."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from blockdraft.model.masks import flex_block_mask, visibility
+    from blockdraft.model.masks import flex_block_mask, intervals, visibility
     from blockdraft.train.blocks import pack, sample_blocks
     from blockdraft.train.shapes import ShapeClasses
 
@@ -78,10 +78,16 @@ def test_the_block_mask_tiles_are_those_create_block_mask_finds_entry_by_entry()
         blocks = sample_blocks(packed, b, 512, 0, gen)
         ours = flex_block_mask(blocks.anchors, blocks.doc, packed.doc, b)
         q_len, kv_len = ours.seq_lengths
-        theirs = create_block_mask(visibility(blocks.anchors, blocks.doc, packed.doc, b), None, None, q_len, kv_len,
-                                   device="cpu")
+        rule = visibility(*intervals(blocks.anchors, blocks.doc, packed.doc, b), b)
+        theirs = create_block_mask(rule, None, None, q_len, kv_len, device="cpu")
         assert ours.seq_lengths == theirs.seq_lengths and ours.BLOCK_SIZE == theirs.BLOCK_SIZE
         for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
                      "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
             assert torch.equal(getattr(ours, name), getattr(theirs, name)), (b, lengths, name)
         assert int(ours.full_kv_num_blocks.sum()) > 0 and int(ours.kv_num_blocks.sum()) > 0  # both kinds met
+        # the intervals are the rule as stated, by sequence ids, entry by entry (fillers included)
+        q, kv, zero = torch.arange(q_len)[:, None], torch.arange(kv_len)[None, :], torch.zeros(())
+        j, length = q // b, packed.doc.shape[0]
+        same_doc = packed.doc[kv.clamp(max=length - 1)] == blocks.doc[j]
+        by_ids = torch.where(kv < length, same_doc & (kv < blocks.anchors[j]), (kv - length) // b == j)
+        assert torch.equal(rule(zero, zero, q, kv), by_ids), (b, lengths)

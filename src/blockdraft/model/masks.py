@@ -7,10 +7,11 @@ A query of block j (anchor at packed index a_j, in sequence d_j) may see
     anchor's own hidden state is not known at inference time), and
   - every token of its own block (bidirectional), and no token of any other block.
 
-`visibility` is a flex-attention `mask_mod` body written with tensor ops only, so the same function
-also builds the dense boolean mask used with SDPA (on CPU, and as the reference in tests).
-`flex_block_mask` finds which 128 x 128 tiles the rule touches from its interval form instead (a test
-checks it against `create_block_mask`'s entry-by-entry evaluation of `visibility`).
+With sequences packed end to end (ids ascending, as `pack` lays them), the rule is two key
+intervals per block: its sequence's context before its anchor, [start(d_j), a_j), and its own block,
+[L + jB, L + (j+1)B). `visibility` is a flex-attention `mask_mod` of those intervals, written with
+tensor ops only, so the same function also builds the dense boolean mask used with SDPA (on CPU, and
+in tests against the rule as stated). `flex_block_mask` finds which 128 x 128 tiles the intervals touch.
 """
 
 from __future__ import annotations
@@ -23,25 +24,27 @@ TILE = 128  # the flex-attention BlockMask's query and key tile
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def visibility(
-    anchors: torch.Tensor, block_doc: torch.Tensor, context_doc: torch.Tensor, block_size: int,
-    context_len: torch.Tensor | None = None,
-) -> MaskMod:
-    """anchors, block_doc: [V] packed anchor index and sequence of each block; context_doc: [L]
-    sequence of each context token. Returns mask_mod(b, h, q_idx, kv_idx) -> bool.
-    context_len (a 0-d tensor) is given when the three tensors are padded past V and L (see
-    `flex_block_mask`); otherwise it is L, read inside rather than captured as an int, so it stays
-    symbolic under compile."""
+def intervals(
+    anchors: torch.Tensor, block_doc: torch.Tensor, context_doc: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """anchors, block_doc: [V] packed anchor index and sequence of each block; context_doc: [L] sequence
+    of each context token, ascending. Returns lo, hi, own: [V] each, block j seeing context [lo, hi)
+    and its own block [own, own + B). Filler blocks (sequence -1, anchor 0) see only their own block."""
+    lo = torch.searchsorted(context_doc, block_doc)  # first key of the block's sequence
+    hi = torch.maximum(anchors, lo)
+    own = context_doc.shape[0] + torch.arange(anchors.shape[0], device=anchors.device) * block_size
+    return lo, hi, own
+
+
+def visibility(lo: torch.Tensor, hi: torch.Tensor, own: torch.Tensor, block_size: int) -> MaskMod:
+    """The rule as a mask_mod(b, h, q_idx, kv_idx) -> bool, from `intervals`' [V] tensors. Per entry it
+    only compares: each query reads its block's three bounds and no key is looked up, which made flex
+    attention 7-34% faster than comparing sequence ids per key (benchmarks/2026-12-02-h200-block-mask.md)."""
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        length = context_doc.shape[0] if context_len is None else context_len
-        q_block = q_idx // block_size
-        is_context = kv_idx < length
-        same_doc = context_doc[kv_idx.clamp(max=length - 1)] == block_doc[q_block]
-        sees_context = is_context & same_doc & (kv_idx < anchors[q_block])
-        kv_block = (kv_idx - length).clamp(min=0) // block_size
-        sees_own_block = (~is_context) & (kv_block == q_block)
-        return sees_context | sees_own_block
+        j = q_idx // block_size
+        start = own[j]
+        return ((kv_idx >= lo[j]) & (kv_idx < hi[j])) | ((kv_idx >= start) & (kv_idx < start + block_size))
 
     return mask_mod
 
@@ -55,34 +58,31 @@ def dense_mask(
     zero = torch.zeros((), dtype=torch.long, device=device)
     q = torch.arange(q_len, device=device)[:, None]
     kv = torch.arange(context_doc.shape[0] + q_len, device=device)[None, :]
-    return visibility(anchors, block_doc, context_doc, block_size)(zero, zero, q, kv)[None, None]
+    rule = visibility(*intervals(anchors, block_doc, context_doc, block_size), block_size)
+    return rule(zero, zero, q, kv)[None, None]
 
 
 def flex_block_mask(
     anchors: torch.Tensor, block_doc: torch.Tensor, context_doc: torch.Tensor, block_size: int,
-    capture: tuple[int, int] | None = None,
+    capture: int | None = None,
 ):
     """A flex-attention BlockMask for the same rule; built once per pass, shared by all layers.
 
-    Its tile lists come from arithmetic, not from evaluating the rule per entry (`create_block_mask`
-    would, compiling a kernel for every pass shape; one such compile took minutes on an H200). With
-    sequences packed end to end (ids ascending, as `pack` lays them), block j sees two key intervals:
-    its sequence's context before its anchor, [start(d_j), a_j), and its own block, [L + jB, L + (j+1)B).
-    Its visible keys per 128-wide key tile are then interval overlaps. A tile is skipped when no query
-    of it sees a key, taken whole when every query sees every key, and masked by `visibility` inside
-    the kernel otherwise.
+    Its tile lists come from the intervals, not from evaluating the rule per entry (`create_block_mask`
+    would, compiling a kernel for every pass shape; one such compile took minutes on an H200): a block's
+    visible keys per 128-wide key tile are interval overlaps. A tile is skipped when no query of it
+    sees a key, taken whole when every query sees every key, and masked by `visibility` inside the
+    kernel otherwise.
 
-    capture = (blocks, context): the tensors the mask_mod captures are padded to these fixed sizes
-    (when larger than V and L), so a compiled forward never guards on their sizes: a graph compiled
-    for one pass shape then serves every other (padding blocks see nothing, padding context is never read)."""
+    capture: the [V] tensors the mask_mod captures are padded to this many blocks (when more than V), so
+    a compiled forward never guards on their size: a graph compiled for one pass shape then serves every
+    other (the padding entries are never read: no query belongs to them)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     v, length = anchors.shape[0], context_doc.shape[0]
     q_len, kv_len = v * block_size, length + v * block_size
     device = anchors.device
-    lo = torch.searchsorted(context_doc, block_doc)  # [V] first key of the block's sequence (ids ascend)
-    hi = torch.maximum(anchors, lo)  # [V]: context [lo, hi); empty for filler blocks (id -1, anchor 0)
-    own = length + torch.arange(v, device=device) * block_size  # [V]: own block [own, own + B)
+    lo, hi, own = intervals(anchors, block_doc, context_doc, block_size)  # [V] each
     tile = torch.arange(0, kv_len, TILE, device=device)  # [T] first key of each tile
     end = (tile + TILE).clamp(max=kv_len)
 
@@ -104,14 +104,9 @@ def flex_block_mask(
     (kv_num, kv_idx), (full_kv_num, full_kv_idx) = ordered(partial), ordered(full)  # per query tile
     (q_num, q_idx), (full_q_num, full_q_idx) = ordered(partial.T), ordered(full.T)  # per key tile (backward)
 
-    context_len = None
-    if capture is not None:
-        blocks_cap, context_cap = max(capture[0], v), max(capture[1], length)
-        context_len = context_doc.new_full((), length)  # a fill kernel: no copy, no sync
-        anchors = torch.cat([anchors, anchors.new_zeros(blocks_cap - v)])
-        block_doc = torch.cat([block_doc, block_doc.new_full((blocks_cap - v,), -1)])
-        context_doc = torch.cat([context_doc, context_doc.new_full((context_cap - length,), -2)])
+    if capture is not None and capture > v:
+        lo, hi, own = (torch.cat([x, x.new_zeros(capture - v)]) for x in (lo, hi, own))
     return BlockMask(seq_lengths=(q_len, kv_len), kv_num_blocks=kv_num, kv_indices=kv_idx,
                      full_kv_num_blocks=full_kv_num, full_kv_indices=full_kv_idx, q_num_blocks=q_num, q_indices=q_idx,
                      full_q_num_blocks=full_q_num, full_q_indices=full_q_idx, BLOCK_SIZE=(TILE, TILE),
-                     mask_mod=visibility(anchors, block_doc, context_doc, block_size, context_len))
+                     mask_mod=visibility(lo, hi, own, block_size))

@@ -154,9 +154,9 @@ class HotPath:
         # noise given as a tensor at every update of a run that has any: None at the end of a decaying
         # schedule would be another graph, compiled late
         self.noisy = cfg.noise.std > 0 or cfg.noise.final_std > 0
-        # the mask_mod's captured tensors at one size for the whole run (blocks, context): the largest classes
-        self.capture = (self.shapes.blocks(self.max_blocks), self.shapes.context_size) \
-            if self.shapes is not None and self.attention == "flex" else None
+        # the mask_mod's captured tensors at one size for the whole run: the largest block class
+        self.capture = self.shapes.blocks(self.max_blocks) if self.shapes is not None and self.attention == "flex" \
+            else None
         if self.compile:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             target.compile_features()
