@@ -119,6 +119,7 @@ def median_ms(attention, mask: BlockMask, q, k, v, calls: int = 20) -> tuple[flo
 
 def main() -> None:
     device = torch.device("cuda")
+    torch._dynamo.config.recompile_limit = 64  # 12 compiles of one function: past the default, it would run eager
     shapes = ShapeClasses.for_budget(B, BUDGET)
     capture = shapes.blocks(MAX_BLOCKS)
     results = []
