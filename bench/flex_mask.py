@@ -23,10 +23,13 @@ from __future__ import annotations
 import json
 import time
 
+import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from blockdraft.bench.synthetic import SyntheticDataset
+from blockdraft.data.batching import PlannedBatch
+from blockdraft.data.prefetch import collate
 from blockdraft.model.masks import TILE, MaskMod, flex_block_mask, intervals
 from blockdraft.train.blocks import Blocks, pack, row_blocks, sample_blocks
 from blockdraft.train.shapes import ShapeClasses
@@ -38,21 +41,13 @@ BUDGET, SEQ_LEN, ANCHORS, MAX_BLOCKS = 6144, 3072, 512, 1536
 def bench_pass(profile: str, seed: int, max_blocks: int, shapes: ShapeClasses) -> tuple:
     """The first samples of the profile's dataset that fit the token budget and `max_blocks`, packed."""
     data = SyntheticDataset(profile, SEQ_LEN, 1000, 400, seed=seed)
-    rows, tokens, blocks = [], 0, 0
-    for i in range(len(data)):
-        ids, mask = data.sample(i)
-        n = int(row_blocks(torch.from_numpy(mask)[None], torch.tensor([len(ids)]), B, ANCHORS)[0])
-        if tokens + len(ids) > BUDGET or blocks >= max_blocks:
-            break
-        rows.append((ids, mask))
-        tokens, blocks = tokens + len(ids), blocks + n
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.zeros(len(rows), width, dtype=torch.long)
-    loss_mask = torch.zeros(len(rows), width, dtype=torch.bool)
-    for r, (ids, mask) in enumerate(rows):
-        input_ids[r, :len(ids)], loss_mask[r, :len(ids)] = torch.from_numpy(ids), torch.from_numpy(mask)
-    packed = pack(input_ids, loss_mask, torch.tensor([len(ids) for ids, _ in rows]), B, ANCHORS, None, shapes)
-    return packed, sample_blocks(packed, B, ANCHORS, 0, torch.Generator().manual_seed(seed)), tokens, blocks
+    batch = collate(data, PlannedBatch(0, 0, 0, 0, np.arange(64), 0, 0, 0.0), 1, pin=False)  # 64 candidates
+    blocks = row_blocks(batch.loss_mask, batch.lengths, B, ANCHORS)  # [64]
+    over = (batch.lengths.cumsum(0) > BUDGET) | (blocks.cumsum(0) - blocks >= max_blocks)
+    n = int(over.nonzero()[0])  # the samples before the first that does not fit
+    packed = pack(batch.input_ids[:n], batch.loss_mask[:n], batch.lengths[:n], B, ANCHORS, None, shapes)
+    blocks_drawn = sample_blocks(packed, B, ANCHORS, 0, torch.Generator().manual_seed(seed))
+    return packed, blocks_drawn, int(batch.lengths[:n].sum()), int(blocks[:n].sum())
 
 
 def by_sequence_ids(anchors: torch.Tensor, block_doc: torch.Tensor, context_doc: torch.Tensor) -> MaskMod:
