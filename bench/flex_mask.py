@@ -6,7 +6,9 @@ log-normal chat-like lengths, samples taken until the 6,144-token budget or 1,10
 classes), with a Qwen3-8B drafter layer's attention shapes (32 query heads, 8 key/value heads, head dim
 128, bf16). Each variant is compiled on its own and timed as the median of 20 calls after 3 (one layer's
 call; an update runs one per drafter layer):
-  package            `model/masks.flex_block_mask` as it is (the interval form)
+  package            `model/masks.flex_block_mask` and `flex_kernel_options` as the drafter calls them
+  no tile hint       the same without `flex_kernel_options` (IS_DIVISIBLE left to inductor, which
+                     proves it for static sizes only)
   sequence ids       the mask_mod of commit 15a383b: a key's sequence id compared with its block's
   interval, L const  the interval form with each block's own-block start computed from L (a Python
                      int), as first measured on 2026-12-02
@@ -30,7 +32,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from blockdraft.bench.synthetic import SyntheticDataset
 from blockdraft.data.batching import PlannedBatch
 from blockdraft.data.prefetch import collate
-from blockdraft.model.masks import TILE, MaskMod, flex_block_mask, intervals
+from blockdraft.model.masks import TILE, MaskMod, flex_block_mask, flex_kernel_options, intervals
 from blockdraft.train.blocks import Blocks, pack, row_blocks, sample_blocks
 from blockdraft.train.shapes import ShapeClasses
 
@@ -93,16 +95,16 @@ def all_tiles_whole(mask: BlockMask) -> BlockMask:
                                     mask_mod=mask.mask_mod, seq_lengths=mask.seq_lengths)
 
 
-def median_ms(attention, mask: BlockMask, q, k, v, calls: int = 20) -> tuple[float, float, torch.Tensor]:
+def median_ms(attention, mask: BlockMask, q, k, v, options: dict, calls: int = 20) -> tuple[float, float, torch.Tensor]:
     """Median forward and forward + backward time of one call, and the output."""
     for _ in range(3):
-        attention(q, k, v, block_mask=mask, enable_gqa=True).sum().backward()
+        attention(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=options).sum().backward()
     forward, total = [], []
     for _ in range(calls):
         q.grad = k.grad = v.grad = None
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = attention(q, k, v, block_mask=mask, enable_gqa=True)
+        out = attention(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=options)
         torch.cuda.synchronize()
         t1 = time.perf_counter()
         out.sum().backward()
@@ -114,7 +116,7 @@ def median_ms(attention, mask: BlockMask, q, k, v, calls: int = 20) -> tuple[flo
 
 def main() -> None:
     device = torch.device("cuda")
-    torch._dynamo.config.recompile_limit = 64  # 12 compiles of one function: past the default, it would run eager
+    torch._dynamo.config.recompile_limit = 64  # 16 compiles of one function: past the default, it would run eager
     shapes = ShapeClasses.for_budget(B, BUDGET)
     capture = shapes.blocks(MAX_BLOCKS)
     results = []
@@ -134,13 +136,16 @@ def main() -> None:
                "partial_tiles": int(package.kv_num_blocks.sum()), "full_tiles": int(package.full_kv_num_blocks.sum())}
         sequence_ids = with_mask_mod(package, by_sequence_ids(blocks.anchors, blocks.doc, packed.doc))
         constant_length = with_mask_mod(package, interval_with_constant_length(lo, hi, packed.doc.shape[0]))
+        hint = flex_kernel_options(q_len, kv_len)
         reference = None
-        for name, dynamic, mask in (("package, static", False, package), ("package, dynamic", True, package),
-                                    ("sequence ids, static", False, sequence_ids),
-                                    ("sequence ids, dynamic", True, sequence_ids),
-                                    ("interval, L const, static", False, constant_length),
-                                    ("all tiles whole (wrong), static", False, all_tiles_whole(package))):
-            forward, total, out = median_ms(torch.compile(flex_attention, dynamic=dynamic), mask, q, k, v)
+        for name, dynamic, mask, options in (
+            ("package, static", False, package, hint), ("package, dynamic", True, package, hint),
+            ("no tile hint, static", False, package, {}), ("no tile hint, dynamic", True, package, {}),
+            ("sequence ids, static", False, sequence_ids, {}), ("sequence ids, dynamic", True, sequence_ids, {}),
+            ("interval, L const, static", False, constant_length, {}),
+            ("all tiles whole (wrong), static", False, all_tiles_whole(package), {}),
+        ):
+            forward, total, out = median_ms(torch.compile(flex_attention, dynamic=dynamic), mask, q, k, v, options)
             same = None if reference is None else bool(torch.equal(out, reference))
             reference = out if reference is None else reference
             row[name] = {"forward_ms": round(forward, 3), "forward_backward_ms": round(total, 3), "same_output": same}

@@ -20,6 +20,8 @@ from torch.utils.checkpoint import checkpoint
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
+from blockdraft.model.masks import flex_kernel_options
+
 
 @functools.cache
 def flex_attention_fn(compiled: bool):
@@ -77,7 +79,8 @@ class DraftAttention(nn.Module):
         if mask is None or isinstance(mask, torch.Tensor):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.nh != self.nkv)
         else:
-            out = flex_attention_fn(q.is_cuda)(q, k, v, block_mask=mask, enable_gqa=self.nh != self.nkv)
+            out = flex_attention_fn(q.is_cuda)(q, k, v, block_mask=mask, enable_gqa=self.nh != self.nkv,
+                                               kernel_options=flex_kernel_options(q_len, k.shape[2]))
         return self.o_proj(out.transpose(1, 2).reshape(n, q_len, self.nh * self.hd))
 
 
