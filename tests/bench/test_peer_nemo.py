@@ -130,7 +130,7 @@ def test_a_measured_mode_reports_bench_fields_from_its_updates(nemo):
     assert 0 <= r["pad_frac"] < 1
 
 
-def test_full_lengths_run_one_mode_and_ratios_meet_the_issue_targets():
+def test_full_lengths_run_one_mode_and_ratios_judge_the_issue_targets():
     assert peer_nemo.runs(["full", "mix"], ["pad-max", "pack"]) == [("full", "pad-max"), ("mix", "pad-max"),
                                                                      ("mix", "pack")]
     ours = {"profiles": [{"profile": "full", "tokens_per_s": 20.0, "blocks_per_s": 4.0, "tokens_per_s_wall": 15.0,
