@@ -21,10 +21,12 @@ import hashlib
 import json
 import random
 import sys
+import sysconfig
 from pathlib import Path
 
-from blockdraft.corpus import HELD_OUT_PERCENT, part_of, read_source, stdlib_dir, stdlib_files
+from blockdraft.corpus import HELD_OUT_PERCENT, part_of, read_source, stdlib_files
 
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
 MAX_CODE_LINES = 40
 TEMPLATES = (
     "Write a Python function `{signature}` (from the `{module}` module) that does the following: {summary}",
@@ -79,8 +81,8 @@ def prompts_from_source(source: str, module: str, per_function: int = 1) -> list
     return out
 
 
-def build(split: str, limit: int, seed: int, per_function: int = 1) -> list[str]:
-    root = stdlib_dir()
+def build(split: str, limit: int, seed: int, per_function: int = 1, root: Path | None = None) -> list[str]:
+    root = root or STDLIB
     prompts = []
     files = stdlib_files("heldout" if split == "heldout" else "train", root)
     for path in files:
@@ -109,7 +111,7 @@ def main() -> None:
             for text in prompts:
                 fh.write(json.dumps({"messages": [{"role": "user", "content": text}]}) + "\n")
         counts[split] = len(prompts)
-    manifest = {"counts": counts, "python": sys.version.split()[0], "stdlib": str(stdlib_dir()),
+    manifest = {"counts": counts, "python": sys.version.split()[0], "stdlib": str(STDLIB),
                 "split": f"by file: sha256(path relative to the stdlib) % 100 < {HELD_OUT_PERCENT} is held out",
                 "seed": args.seed, "per_function": args.per_function, "part_of": part_of.__module__ + ".part_of"}
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
