@@ -33,11 +33,6 @@ class Section(BaseModel):
 class TargetConfig(Section):
     path: str = Field(description="Hugging Face causal-LM folder (weights + tokenizer), or a hub id in the local cache")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    fp8_until: float = Field(
-        0.0, ge=0.0, le=1.0, description="the training forward's linear layers in FP8 (e4m3, per-row scales; CUDA "
-        "sm89+) for the updates up to this fraction of the run, exact after, so the drafter ends on the features "
-        "it serves with; 0: never. Decoding keeps dtype"
-    )
 
 
 class DrafterConfig(Section):

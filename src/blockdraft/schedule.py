@@ -1,4 +1,4 @@
-"""The learning-rate, noise and FP8-target schedules, defined once: the trainer applies them and the doctor
+"""The learning-rate and noise schedules, defined once: the trainer applies them and the doctor
 compares a run's logged values with them, so changing a schedule here changes both (numpy only: the
 doctor must not import torch).
 
@@ -6,8 +6,7 @@ Update k is 1-based (the first optimizer step is k = 1). With W warmup updates:
   k <= W:  lr = peak * k / W          (update 1 uses peak/W: never zero, never the peak)
   k >  W:  cosine (or linear) from peak (at k = W) to peak * min_lr_ratio (at k = total), or constant
 Noise std warms up linearly from 0 over its own warmup, then stays at std or follows a cosine from
-std to final_std. The target runs in FP8 (`target.fp8_until`) for k <= fp8_until * total, exact after.
-A skipped (guarded) step does not advance k, so neither schedule moves without an update.
+std to final_std. A skipped (guarded) step does not advance k, so neither schedule moves without an update.
 """
 
 from __future__ import annotations
@@ -74,8 +73,3 @@ def lr_at(k: int, cfg: OptimConfig, total: int, warmup: int) -> float:
 def noise_std_at(k: int, cfg: NoiseConfig, total: int) -> float:
     """The trainer's std of the Gaussian noise added to the fused target features at update k."""
     return float(noise_curve(np.array([k]), cfg.std, cfg.final_std, cfg.warmup_steps, cfg.schedule, total)[0])
-
-
-def fp8_target_at(k: int, fp8_until: float, total: int) -> bool:
-    """Whether update k takes the target's features from its FP8 matmuls: the first `fp8_until` of the run."""
-    return k <= fp8_until * total

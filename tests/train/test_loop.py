@@ -116,20 +116,6 @@ def test_run_folder_and_records(tiny_config):
     assert records[-1]["status"] == "completed"
 
 
-@pytest.mark.skipif(not hasattr(torch, "_scaled_mm"), reason="torch without _scaled_mm")
-def test_fp8_target_runs_for_its_fraction_of_the_run_and_exact_after(tiny_config):
-    """fp8_until=0.5 of 6 updates: FP8 features for updates 1-3 (logged), exact from update 4 on."""
-    exact = Trainer(tiny_config(), show_console=False)
-    exact_losses = [r["loss"] for r in read_log(exact.run().run_dir / "log.jsonl") if r["kind"] == "step"]
-    cfg = tiny_config(train={"out_dir": str(exact.run_dir.parent / "fp8")})
-    cfg.target.fp8_until = 0.5
-    trainer = Trainer(cfg, show_console=False)
-    steps = [r for r in read_log(trainer.run().run_dir / "log.jsonl") if r["kind"] == "step"]
-    assert [r["fp8_target"] for r in steps] == [True, True, True, False, False, False]
-    assert steps[0]["loss"] != exact_losses[0] and steps[0]["loss"] == pytest.approx(exact_losses[0], rel=0.05)
-    assert not trainer.target.fp8_active and all("forward" not in vars(m) for m in trainer.target.modules())
-
-
 def test_in_training_eval_writes_measured_tau_beside_tau_est(tiny_config, tiny_corpus):
     cfg = tiny_config(train={"eval_every": 3}, eval={"prompts": [str(tiny_corpus)], "max_prompts": 2,
                                                       "max_new_tokens": 6, "prompt_tokens": 16})

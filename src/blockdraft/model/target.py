@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from blockdraft.errors import UserError
-from blockdraft.model.fp8 import FP8Linear, fp8_linears
 from blockdraft.model.locate import locate_model
 from blockdraft.model.tokenizer import load_tokenizer
 
@@ -86,8 +85,6 @@ class Target(nn.Module):
         self.model = model
         self.layer_ids = sorted(layer_ids)
         self._compiled_forwards: dict[int, object] = {}
-        self._fp8: dict[nn.Linear, FP8Linear] = {}
-        self.fp8_active = False  # whether `features` runs the FP8 twins (set per update by the trainer)
         n_layers = len(self.decoder_layers)
         if not self.layer_ids or self.layer_ids[-1] >= n_layers:
             raise UserError(f"target_layer_ids {layer_ids} out of range for a {n_layers}-layer target")
@@ -137,15 +134,9 @@ class Target(nn.Module):
         layers = self.decoder_layers
         self._compiled_forwards = {i: torch.compile(layers[i].forward) for i in range(self.layer_ids[-1] + 1)}
 
-    def enable_fp8_features(self) -> None:
-        """FP8 twins of the linear layers up to the last tap (model/fp8.py), for `features` only, active from now."""
-        self._fp8 = fp8_linears(list(self.decoder_layers[: self.layer_ids[-1] + 1]))
-        self.fp8_active = True
-
     @contextlib.contextmanager
-    def _tapping(self, stop_early: bool, training: bool = False) -> Iterator[list[torch.Tensor]]:
-        """Hooks that keep the tapped layers' outputs; optionally run only up to the last tap. `training`:
-        the layers' compiled forwards and, while `fp8_active`, the FP8 linears, where set."""
+    def _tapping(self, stop_early: bool, compiled: bool = False) -> Iterator[list[torch.Tensor]]:
+        """Hooks that keep the tapped layers' outputs; optionally run only up to the last tap."""
         captured: list[torch.Tensor] = []
         backbone = self.backbone
         full = backbone.layers
@@ -154,18 +145,17 @@ class Target(nn.Module):
             captured.append(output[0] if isinstance(output, tuple) else output)
 
         handles = [full[i].register_forward_hook(keep) for i in self.layer_ids]
-        swapped = [(full[i], f) for i, f in self._compiled_forwards.items()] if training else []
-        swapped += [(linear, fp8.forward) for linear, fp8 in self._fp8.items()] if training and self.fp8_active else []
-        for module, forward in swapped:
-            module.forward = forward  # an instance attribute shadows the class's forward
+        swapped = list(self._compiled_forwards.items()) if compiled else []
+        for i, forward in swapped:
+            full[i].forward = forward  # an instance attribute shadows the class's forward
         if stop_early:
             backbone.layers = full[: self.layer_ids[-1] + 1]
         try:
             yield captured
         finally:
             backbone.layers = full
-            for module, _ in swapped:
-                del module.forward
+            for i, _ in swapped:
+                del full[i].forward
             for handle in handles:
                 handle.remove()
 
@@ -176,7 +166,7 @@ class Target(nn.Module):
         """input_ids: [n, T] right-padded (causal attention never lets a real token see padding).
         Returns taps [n, T, N*H] and, if final_hidden, the final normed hidden state [n, T, H]
         (for target logits, computed by the caller in chunks)."""
-        with self._tapping(stop_early=not final_hidden, training=True) as captured:
+        with self._tapping(stop_early=not final_hidden, compiled=True) as captured:
             out = self.backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False)
         taps = torch.cat(captured, dim=-1)
         return taps, (out.last_hidden_state if final_hidden else None)

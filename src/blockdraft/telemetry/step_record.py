@@ -22,7 +22,6 @@ class StepRecord(TypedDict):
     skipped: bool
     skip_reason: str | None
     noise_std: float
-    fp8_target: bool  # the target's features came from its FP8 matmuls (`target.fp8_until`)
     epoch: int
     epoch_progress: float
     progress: float

@@ -160,8 +160,6 @@ class HotPath:
         if self.compile:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             target.compile_features()
-        if cfg.target.fp8_until > 0:
-            target.enable_fp8_features()
         drafter.checkpoint_layers = cfg.train.activation_checkpointing
         self.module = module if module is not None else DraftForward(drafter)
         self.defer_sync = defer_sync
@@ -198,7 +196,7 @@ class HotPath:
         """Forward of one pass: the loss terms and metrics (backward is the caller's)."""
         loss_cfg = self.cfg.loss
         packed = part.packed
-        need_final = self.needs_final
+        need_final = loss_cfg.kl_weight > 0 or loss_cfg.labels == "target"
         v, b = blocks.tokens.shape
         length = packed.input_ids.shape[0]
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16):
@@ -228,11 +226,6 @@ class HotPath:
             with record_function("loss"):
                 return block_loss(hidden, self.target.lm_head.weight, blocks.labels, blocks.label_mask, loss_cfg,
                                   target_hidden)
-
-    @property
-    def needs_final(self) -> bool:
-        """Whether the loss reads the target's final hidden state (KL, or the target's own labels)."""
-        return self.cfg.loss.kl_weight > 0 or self.cfg.loss.labels == "target"
 
     @property
     def warms_up(self) -> bool:
@@ -270,11 +263,6 @@ class HotPath:
                 blocks = sample_blocks(part.packed, cfg.drafter.block_size, cfg.train.num_anchors,
                                        self.drafter.mask_token_id, g)
                 self.micro_stats(part, blocks, 0.0, g).weighted_loss.backward()
-                if 0 < cfg.target.fp8_until < 1:  # the exact features' graphs too, met after the FP8 updates
-                    self.target.fp8_active = False
-                    with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16):
-                        self.target.features(part.input_ids, final_hidden=self.needs_final)
-                    self.target.fp8_active = True
                 runs += 1
         for p in self.drafter.parameters():
             p.grad = None

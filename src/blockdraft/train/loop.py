@@ -40,7 +40,7 @@ from blockdraft.evaluate.prompts import heldout_prompts
 from blockdraft.evaluate.runner import evaluate as evaluate_modes
 from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_target
 from blockdraft.model.target import load_target, open_target, resolve_mask_token
-from blockdraft.schedule import fp8_target_at, lr_at, noise_std_at
+from blockdraft.schedule import lr_at, noise_std_at
 from blockdraft.telemetry.console import TrainConsole
 from blockdraft.telemetry.log import SCHEMA, RunLog
 from blockdraft.telemetry.step_record import step_record
@@ -192,7 +192,6 @@ class Trainer:
         self.drafter.train()
         lr = lr_at(k, cfg.optim, self.total_steps, self.warmup_steps)
         noise_std = noise_std_at(k, cfg.noise, self.total_steps)
-        self.target.fp8_active = fp8_target_at(k, cfg.target.fp8_until, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         vector, grad_norm = self.hot.accumulate(micro_batches, k, self.rank, noise_std)
@@ -214,7 +213,6 @@ class Trainer:
             "skipped": reason is not None,
             "skip_reason": reason,
             "noise_std": noise_std,
-            "fp8_target": self.target.fp8_active,
             "buckets": buckets,
         }
 
