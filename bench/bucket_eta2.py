@@ -10,8 +10,8 @@ which for one-bucket updates is simply their bucket.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -32,5 +32,7 @@ def eta2(run: Path, skip: int = 10) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    for arg in sys.argv[1:]:
-        print(arg, json.dumps(eta2(Path(arg))))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run folders, each with its log.jsonl")
+    for run in ap.parse_args().runs:
+        print(run, json.dumps(eta2(run)))

@@ -6,8 +6,8 @@ whether every step trained on the same micro-batches (buckets, tokens, samples).
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -29,4 +29,8 @@ def main(a: str, b: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_a", metavar="RUN_A")
+    ap.add_argument("run_b", metavar="RUN_B")
+    args = ap.parse_args()
+    main(args.run_a, args.run_b)
