@@ -1,5 +1,6 @@
 """bench/real_target.sh, the real-target recipe of docs/real-targets.md, end to end on a SmolLM2-shaped tiny
-target: regenerate -> data -> train (configs/smollm2-135m.yaml, shrunk by overrides) -> export -> eval."""
+target: regenerate -> data -> train (a copy of configs/smollm2-135m.yaml at test sizes) -> export -> eval.
+The prompts are written here; the stage that makes them is tests/scripts/test_make_stdlib_prompts.py's."""
 
 import json
 import os
@@ -31,7 +32,7 @@ def _prompts(folder: Path, n: int) -> None:
             fh.write(json.dumps({"messages": [{"role": "user", "content": f"Write a function number {i}."}]}) + "\n")
 
 
-def test_the_recipe_runs_from_prompts_to_a_measured_drafter(tmp_path: Path, tiny_llama_target: Path) -> None:
+def test_the_recipe_runs_from_written_prompts_to_a_measured_drafter(tmp_path: Path, tiny_llama_target: Path) -> None:
     out = tmp_path / "smollm2"
     _prompts(out / "prompts" / "train.jsonl", 24)
     _prompts(out / "prompts" / "heldout.jsonl", 4)
