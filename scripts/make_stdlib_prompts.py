@@ -21,12 +21,10 @@ import hashlib
 import json
 import random
 import sys
-import sysconfig
 from pathlib import Path
 
-from blockdraft.corpus import HELD_OUT_PERCENT, part_of, read_source, stdlib_files
+from blockdraft.corpus import HELD_OUT_PERCENT, STDLIB, part_of, read_source, stdlib_files
 
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
 MAX_CODE_LINES = 40
 TEMPLATES = (
     "Write a Python function `{signature}` (from the `{module}` module) that does the following: {summary}",

@@ -20,6 +20,7 @@ HELD_OUT_PERCENT = 10
 DRAFTER_PERCENT = 40
 SPLITS = ("target", "drafter", "heldout", "train")
 SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
+STDLIB = Path(sysconfig.get_paths()["stdlib"])  # this interpreter's standard-library folder
 
 
 def part_of(relative_path: str) -> str:
@@ -35,7 +36,7 @@ def stdlib_files(split: str, root: Path | None = None) -> list[Path]:
     """Sorted .py files of the stdlib for `split`, one of SPLITS."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
-    root = root or Path(sysconfig.get_paths()["stdlib"])
+    root = root or STDLIB
     files = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)

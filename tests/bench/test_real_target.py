@@ -25,9 +25,9 @@ def _shrunk_config(path: Path) -> Path:
     return path
 
 
-def _prompts(folder: Path, n: int) -> None:
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with folder.open("w") as fh:
+def _prompts(path: Path, n: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
         for i in range(n):
             fh.write(json.dumps({"messages": [{"role": "user", "content": f"Write a function number {i}."}]}) + "\n")
 
