@@ -191,8 +191,8 @@ class EvalHook(Hook):
             return
         self.evaluated_at = t.step
         t0 = time.time()
-        t.last_eval = t.evaluate()
-        t.log.write("eval", t.step, **t.last_eval, tau_est_train=end.metrics["tau_est"], eval_s=time.time() - t0)
+        t.last_eval = t.evaluate().eval_record(len(t.eval_prompts), end.metrics["tau_est"])
+        t.log.write("eval", t.step, **t.last_eval, eval_s=time.time() - t0)
         t.console.note(f"eval tau {t.last_eval['tau']:.2f} on {t.last_eval['prompts']} prompts", style="cyan")
 
 
