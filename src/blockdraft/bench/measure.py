@@ -52,17 +52,18 @@ def matmul_tflops(device: torch.device, n: int = 8192, reps: int = 20) -> float 
 
 
 def build_models(cfg: Config, hf_cfg, device: torch.device):
-    """Random-weight target (bf16 on GPU) and a drafter per the config; returns (target, drafter)."""
+    """Random-weight target (its dtype chosen as training chooses it) and a drafter per the config;
+    returns (target, drafter)."""
     from transformers import AutoModelForCausalLM
 
     from blockdraft.model.drafter import DFlashDrafter, drafter_config
-    from blockdraft.model.target import Target
+    from blockdraft.model.target import Target, target_dtype
 
     d = cfg.drafter
     layer_ids = d.tap_layers(hf_cfg.num_hidden_layers)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=target_dtype(cfg.target.dtype, device),
+                                                 attn_implementation="sdpa")
     model.requires_grad_(False).eval()
     target = Target(model, layer_ids)
     mask_id = d.mask_token_id if d.mask_token_id is not None else hf_cfg.vocab_size - 1

@@ -25,10 +25,11 @@ class HFEngine:
         from transformers import AutoModelForCausalLM
 
         from blockdraft.device import pick_device
+        from blockdraft.model.target import target_dtype
 
         self.torch = torch
-        device = pick_device(device).type
-        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        picked = pick_device(device)
+        device, dtype = picked.type, target_dtype("auto", picked)
         try:
             self.model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()
         except (OSError, ValueError) as exc:

@@ -22,7 +22,8 @@ from blockdraft.model.tokenizer import load_tokenizer
 MASK_TOKEN_NAMES = ("<|MASK|>", "<|mask|>", "<mask>", "[MASK]")
 
 
-def _dtype(name: str, device: torch.device) -> torch.dtype:
+def target_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The target's weights: `auto` is bf16 on a GPU and fp32 on CPU, for every verb that loads or builds one."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, name)
@@ -221,7 +222,7 @@ def load_target(folder: str | Path | TargetFolder, layer_ids: list[int], device:
         folder = open_target(folder)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            str(folder.path), dtype=_dtype(dtype, device), attn_implementation="sdpa"
+            str(folder.path), dtype=target_dtype(dtype, device), attn_implementation="sdpa"
         )
     except (OSError, ValueError) as exc:
         raise UserError(f"{folder.path}: cannot load as a causal LM: {str(exc).splitlines()[0]}") from None
