@@ -8,6 +8,7 @@ from typing import Any
 from transformers import AutoConfig, LlamaConfig, PretrainedConfig, Qwen3Config
 
 from blockdraft.errors import UserError
+from blockdraft.model.tokenizer import load_tokenizer
 
 _QWEN3_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0}
 _LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500_000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -46,3 +47,12 @@ def target_config(shape: str | None, target_dir: str | None) -> PretrainedConfig
         raise UserError(f"unknown target shape {shape!r}; choose one of {', '.join(SHAPES)}")
     cls, fields = SHAPES[shape]
     return cls(**fields)
+
+
+def target_tokenizer(target_dir: str | None) -> Any | None:
+    """A local folder's tokenizer, where it has one: the bench's drafter then takes the mask token that
+    training would. A named shape, or a folder of a config alone, has none."""
+    files = ("tokenizer.json", "tokenizer_config.json")
+    if target_dir is None or not any(Path(target_dir, f).is_file() for f in files):
+        return None
+    return load_tokenizer(target_dir)

@@ -122,7 +122,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any] | None:
     import torch
 
     from blockdraft.bench.measure import build_models, checkpoint_stall, matmul_tflops, nominal_peak, run_profile
-    from blockdraft.bench.shapes import target_config
+    from blockdraft.bench.shapes import target_config, target_tokenizer
     from blockdraft.device import pick_device
     from blockdraft.train import distributed
     from blockdraft.train.hotpath import DraftForward, HotPath
@@ -147,7 +147,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any] | None:
     world, device = distributed.init(picked, cfg.train.dist_timeout_s)
     hf_cfg = target_config(args.target_shape, args.target)
     torch.manual_seed(cfg.train.seed)
-    target, drafter = build_models(cfg, hf_cfg, device)
+    target, drafter = build_models(cfg, hf_cfg, device, target_tokenizer(args.target))
     module, defer = distributed.wrap(DraftForward(drafter), cfg.train.parallel, world, device)
     hot = HotPath(target, drafter, cfg, device, module=module, defer_sync=defer)
     peak = nominal_peak(device, args.peak_tflops)

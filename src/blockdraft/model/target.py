@@ -42,28 +42,31 @@ def _spare_special_tokens(tokenizer) -> list[tuple[int, str]]:
     return sorted(spare, key=lambda it: (not any(h in it[1].lower() for h in hints), -it[0]))
 
 
-def resolve_mask_token(tokenizer, vocab_rows: int, tied_head: bool, configured: int | None) -> tuple[int, str | None]:
+def resolve_mask_token(tokenizer: Any | None, vocab_rows: int, tied_head: bool,
+                       configured: int | None) -> tuple[int, str | None]:
     """The drafter's mask token: a real row of the target's embedding table (DFLASH.md), decided
     before any data is tokenised or weights are loaded. Returns (id, note): the note says what was
-    chosen when the config did not say, for the log and the console."""
-    if configured is not None:
-        if not 0 <= configured < vocab_rows:
-            spare = _spare_special_tokens(tokenizer)
-            hint = (f"leave drafter.mask_token_id unset to use the tokenizer's mask token or a spare special token "
-                    f"(this one has e.g. id {spare[0][0]} {spare[0][1]!r})" if spare else
-                    "leave drafter.mask_token_id unset, or choose an id below the table size")
-            raise UserError(
-                f"drafter.mask_token_id={configured} is outside the target's embedding table ({vocab_rows} rows: "
-                f"ids 0..{vocab_rows - 1}); an id from another model's recipe does not carry over; {hint}"
-            )
+    chosen when the config did not say, for the log and the console. Without a tokenizer (a bench
+    shape: random weights and random ids) any row marks the positions to draft: the last one."""
+    if configured is not None and 0 <= configured < vocab_rows:
         return configured, None
+    spare = [(i, name) for i, name in _spare_special_tokens(tokenizer) if i < vocab_rows] if tokenizer else []
+    if configured is not None:
+        hint = (f"leave drafter.mask_token_id unset to use the tokenizer's mask token or a spare special token "
+                f"(this one has e.g. id {spare[0][0]} {spare[0][1]!r})" if spare else
+                "leave drafter.mask_token_id unset, or choose an id below the table size")
+        raise UserError(
+            f"drafter.mask_token_id={configured} is outside the target's embedding table ({vocab_rows} rows: "
+            f"ids 0..{vocab_rows - 1}); an id from another model's recipe does not carry over; {hint}"
+        )
+    if tokenizer is None:
+        return vocab_rows - 1, None
     token_id = tokenizer.mask_token_id
     if token_id is None:
         vocab = tokenizer.get_vocab()
         token_id = next((vocab[name] for name in MASK_TOKEN_NAMES if name in vocab), None)
     if token_id is not None and 0 <= token_id < vocab_rows:
         return token_id, None
-    spare = [(i, name) for i, name in _spare_special_tokens(tokenizer) if i < vocab_rows]
     if spare:
         i, name = spare[0]
         return i, (f"the target has no mask token; the drafter uses id {i} {name!r}, a special token that no "
