@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, check_at_least
 
 if TYPE_CHECKING:
     from blockdraft.config import Config
@@ -136,9 +136,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any] | None:
     gpu = picked.type == "cuda"
     args.steps = args.steps if args.steps is not None else (100 if gpu else 20)
     args.warmup = args.warmup if args.warmup is not None else (12 if gpu else 6)
-    if args.steps < 1 or args.warmup < 0 or args.micro_batch < 1 or args.mix_median < 1 or args.mix_sigma < 0:
-        raise UserError("--steps, --micro-batch and --mix-median must be at least 1, --warmup and --mix-sigma "
-                        "at least 0")
+    check_at_least(args, 1, "steps", "micro_batch", "mix_median")
+    check_at_least(args, 0, "warmup", "mix_sigma")
     if args.profile:  # before minutes of measuring, not after
         try:
             Path(args.profile).mkdir(parents=True, exist_ok=True)

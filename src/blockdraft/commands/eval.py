@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, check_at_least
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,10 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.model.target import load_target, open_target
 
     budgets = parse_budgets(args.tree_budget)
-    if min(args.max_new_tokens, args.limit, args.prompt_tokens, args.batch_size) < 1:
-        raise UserError("--max-new-tokens, --limit, --prompt-tokens and --batch-size must be >= 1")
-    if args.temperature < 0:
-        raise UserError("--temperature must be >= 0")
+    check_at_least(args, 1, "max_new_tokens", "limit", "prompt_tokens", "batch_size")
+    check_at_least(args, 0, "temperature")
     device = pick_device(args.device)
     folder = open_target(args.target)  # prompts first: a bad set fails before the weights load
     tokenizer = folder.tokenizer
