@@ -1,5 +1,5 @@
 """The one exception type for mistakes a user can make (paths, config, data), and the checks that
-raise it from more than one place: `make_dir` and `check_at_least`.
+raise it from more than one place: `make_dir`, `check_at_least`, `first_line`.
 
 The CLI turns a UserError into a single line on stderr and exit code 2; anything else is a bug
 and keeps its traceback.
@@ -29,3 +29,10 @@ def check_at_least(args: Any, minimum: float, *options: str) -> None:
         value = getattr(args, name)
         if value is not None and value < minimum:
             raise UserError(f"--{name.replace('_', '-')} must be at least {minimum:g}, got {value:g}")
+
+
+def first_line(exc: BaseException) -> str:
+    """What a one-line user error quotes of a library's exception: its first line, or its type when it
+    says nothing (some loaders raise multi-line or empty messages)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

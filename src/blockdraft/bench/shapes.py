@@ -7,7 +7,7 @@ from typing import Any
 
 from transformers import AutoConfig, LlamaConfig, PretrainedConfig, Qwen3Config
 
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, first_line
 from blockdraft.model.tokenizer import load_tokenizer
 
 _QWEN3_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0}
@@ -42,7 +42,7 @@ def target_config(shape: str | None, target_dir: str | None) -> PretrainedConfig
         try:
             return AutoConfig.from_pretrained(target_dir).get_text_config()
         except (OSError, ValueError) as exc:
-            raise UserError(f"{target_dir}: cannot read a model config: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"{target_dir}: cannot read a model config: {first_line(exc)}") from None
     if shape not in SHAPES:
         raise UserError(f"unknown target shape {shape!r}; choose one of {', '.join(SHAPES)}")
     cls, fields = SHAPES[shape]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, first_line
 
 PAD_MULTIPLE = 64  # static cache: prompts padded to a multiple of this, so few shapes compile
 
@@ -33,7 +33,7 @@ class HFEngine:
         try:
             self.model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()
         except (OSError, ValueError) as exc:
-            raise UserError(f"cannot load the target model from {target}: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"cannot load the target model from {target}: {first_line(exc)}") from None
         self.device = device
         self.tokenizer = tokenizer
         tokenizer.truncation_side = "left"  # a long chat keeps its latest turns

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, first_line
 from blockdraft.model.locate import locate_model
 from blockdraft.model.tokenizer import load_tokenizer
 
@@ -208,7 +208,7 @@ def open_target(path: str | Path) -> TargetFolder:
     try:
         hf_config = AutoConfig.from_pretrained(str(path))
     except (OSError, ValueError, KeyError) as exc:
-        raise UserError(f"{path}: cannot read config.json: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"{path}: cannot read config.json: {first_line(exc)}") from None
     architectures = getattr(hf_config, "architectures", None) or []
     if architectures and not any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in architectures):
         raise UserError(f"{path} is a {architectures[0]}, not a causal LM (…ForCausalLM)")
@@ -228,7 +228,7 @@ def load_target(folder: str | Path | TargetFolder, layer_ids: list[int], device:
             str(folder.path), dtype=target_dtype(dtype, device), attn_implementation="sdpa"
         )
     except (OSError, ValueError) as exc:
-        raise UserError(f"{folder.path}: cannot load as a causal LM: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"{folder.path}: cannot load as a causal LM: {first_line(exc)}") from None
     model.requires_grad_(False).eval().to(device)
     return Target(model, layer_ids), folder.tokenizer, folder.config
 
