@@ -200,9 +200,7 @@ def open_target(path: str | Path) -> TargetFolder:
     dataset or prompt set fails before a large model loads."""
     from transformers import AutoConfig
 
-    path = locate_model(path)
-    if not path.is_dir():
-        raise UserError(f"target folder not found: {path}")
+    path = locate_model(path)  # a folder, or a user error
     if not (path / "config.json").is_file():
         raise UserError(f"{path} has no config.json: not a Hugging Face model folder")
     try:
