@@ -48,6 +48,8 @@ def parse_budgets(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
     from blockdraft.config import EvalConfig
     from blockdraft.device import pick_device
     from blockdraft.evaluate.prompts import load_prompts
@@ -86,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         "skipped_lines": skipped,
         "device": device.type,
         "cuda_graphs": args.cuda_graphs and device.type == "cuda",
-        "modes": [r.to_dict() for r in results],
+        "modes": [asdict(r) for r in results],
     }
     if args.json:
         print(json.dumps(summary))

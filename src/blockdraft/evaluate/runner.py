@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,9 +31,6 @@ class ModeResult:
     tokens_per_s: float
     speedup: float | None
     lossless: bool | None  # greedy only: every output equals target-only decoding
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
     def eval_record(self, prompts: int, tau_est_train: float | None) -> dict[str, Any]:
         """This single-path or tree result as the fields of an `eval` record in log.jsonl: one definition for
