@@ -10,6 +10,14 @@ from blockdraft.cli import main
     [
         (["train", "does-not-exist.yaml"], "config file not found"),
         (["export", "no-such-run", "--out", "x"], "checkpoint path not found"),
+        (["eval", "--target", "t", "--drafter", "d", "--prompts", "p", "--limit", "0"],
+         "--limit must be at least 1, got 0"),
+        (["eval", "--target", "t", "--drafter", "d", "--prompts", "p", "--temperature", "-1"],
+         "--temperature must be at least 0, got -1"),
+        (["data", "f.jsonl", "--target", "t", "--grad-accum", "0"], "--grad-accum must be at least 1, got 0"),
+        (["regenerate", "--target", "t", "--in", "f", "--out", "o", "--shard-size", "0"],
+         "--shard-size must be at least 1, got 0"),
+        (["bench", "--device", "cpu", "--warmup", "-2"], "--warmup must be at least 0, got -2"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(argv, fragment, capsys):

@@ -1,10 +1,12 @@
-"""The one exception type for mistakes a user can make (paths, config, data), and `make_dir`.
+"""The one exception type for mistakes a user can make (paths, config, data), and the checks that
+raise it from more than one place: `make_dir`, `check_at_least`, `first_line`.
 
 The CLI turns a UserError into a single line on stderr and exit code 2; anything else is a bug
 and keeps its traceback.
 """
 
 from pathlib import Path
+from typing import Any
 
 
 class UserError(Exception):
@@ -18,3 +20,19 @@ def make_dir(path: Path) -> Path:
     except OSError as exc:
         raise UserError(f"cannot create folder {path}: {exc.strerror}") from None
     return path
+
+
+def check_at_least(args: Any, minimum: float, *options: str) -> None:
+    """A verb's numeric options (argparse names) below `minimum` are a user error naming the first one;
+    an option left unset (None) passes."""
+    for name in options:
+        value = getattr(args, name)
+        if value is not None and value < minimum:
+            raise UserError(f"--{name.replace('_', '-')} must be at least {minimum:g}, got {value:g}")
+
+
+def first_line(exc: BaseException) -> str:
+    """What a one-line user error quotes of a library's exception: its first line, or its type when it
+    says nothing (some loaders raise multi-line or empty messages)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

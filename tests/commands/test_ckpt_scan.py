@@ -85,3 +85,11 @@ def test_a_damaged_file_fails_the_scan(tmp_path, capsys):
 def test_no_checkpoint_is_a_user_error(tmp_path, capsys):
     assert main(["ckpt-scan", str(tmp_path)]) == 2
     assert "no complete checkpoint" in capsys.readouterr().err
+
+
+def test_an_unreadable_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
+    path = _checkpoint(tmp_path, poison=False)
+    (path / ".metadata").write_bytes(b"not a pickle")
+    assert main(["ckpt-scan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {path} is unreadable" in err and err.count("\n") == 1

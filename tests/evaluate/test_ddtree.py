@@ -6,8 +6,8 @@ import itertools
 import pytest
 import torch
 
-from blockdraft.evaluate.ddtree import build_tree, chain_tree, tree_decode, tree_mask
-from tests.evaluate.reference import greedy_reference
+from blockdraft.evaluate.ddtree import build_tree, chain_tree, tree_mask
+from tests.evaluate.reference import greedy_reference, tree_decode
 
 
 def _brute_force(logp: torch.Tensor, k: int) -> set[tuple[int, ...]]:

@@ -2,11 +2,13 @@
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from blockdraft.cli import main
-from blockdraft.model.export import load_drafter
+from blockdraft.errors import UserError
+from blockdraft.model.export import load_drafter, write_export
 from blockdraft.train.loop import Trainer
 
 
@@ -63,3 +65,9 @@ def test_trust_remote_code_loading_builds_this_drafter(tiny_config, tmp_path):
     with torch.no_grad():
         ours = drafter(noise, positions[:, 9:], drafter.fuse(taps), positions[:, :9])
         torch.testing.assert_close(model(position_ids=positions, noise_embedding=noise, target_hidden=taps), ours)
+
+
+def test_an_output_folder_that_cannot_be_made_is_a_user_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="cannot create folder"):
+        write_export(tmp_path / "file" / "export", {}, {}, torch.float32)

@@ -11,6 +11,7 @@ from blockdraft.data.prefetch import Batch
 from blockdraft.telemetry.log import read_log
 from blockdraft.telemetry.step_record import STEP_RECORD_FIELDS, step_record
 from blockdraft.train.checkpoint import MARKER, committed_checkpoints
+from blockdraft.train.hooks import TrainingRun
 from blockdraft.train.loop import Trainer
 
 
@@ -126,6 +127,14 @@ def test_in_training_eval_writes_measured_tau_beside_tau_est(tiny_config, tiny_c
         assert 1.0 <= e["tau"] <= cfg.drafter.block_size and e["prompts"] == 2 and e["mode"] == "path"
         assert e["lossless"] is True and "tau_est_train" in e and e["eval_s"] >= 0
         assert sum(e["tau_hist"]) > 0
+
+
+def test_the_trainer_has_everything_the_hooks_read_of_it(tiny_config):
+    trainer = Trainer(tiny_config(train={"max_steps": 1}), show_console=False)
+    trainer.run()
+    members = set(TrainingRun.__annotations__) | {n for n in vars(TrainingRun) if not n.startswith("_")}
+    assert {"step", "log", "evaluate", "saves"} <= members
+    assert [n for n in sorted(members) if not hasattr(trainer, n)] == []
 
 
 def test_a_run_ending_between_eval_multiples_is_evaluated_at_its_last_update(tiny_config, tiny_corpus):

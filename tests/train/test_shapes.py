@@ -5,7 +5,15 @@ import torch
 
 from blockdraft.data.cost import dataset_blocks
 from blockdraft.train.loop import Trainer
-from blockdraft.train.shapes import ShapeClasses, ladder, size_class
+from blockdraft.train.shapes import ShapeClasses, size_class
+
+
+def ladder(limit: int, quantum: int, ratio: float) -> list[int]:
+    """Every class up to the first one >= limit: the most shapes sizes up to `limit` can take."""
+    out = [quantum]
+    while out[-1] < limit:
+        out.append(size_class(out[-1] + 1, quantum, ratio))
+    return out
 
 
 def test_classes_are_tile_multiples_above_the_size_and_few():
@@ -19,7 +27,7 @@ def test_classes_are_tile_multiples_above_the_size_and_few():
     assert shapes.block_quantum == 8 and shapes.blocks(0) == 8 and shapes.blocks(9) == 16
     assert shapes.context(1) == shapes.context(6000) == shapes.context_size == 6144  # one context length
     assert shapes.context(7000) == 7168  # a pass over the budget (one long sequence): still a tile multiple
-    assert len(shapes.block_ladder(1536)) == 40
+    assert len(ladder(1536, shapes.block_quantum, shapes.block_ratio)) == 40  # every block class up to 1536 blocks
 
 
 def _first_update(cfg, seed: int = 0, warm_up: bool = False):

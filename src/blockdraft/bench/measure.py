@@ -51,21 +51,23 @@ def matmul_tflops(device: torch.device, n: int = 8192, reps: int = 20) -> float 
     return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
 
 
-def build_models(cfg: Config, hf_cfg, device: torch.device):
-    """Random-weight target (bf16 on GPU) and a drafter per the config; returns (target, drafter)."""
+def build_models(cfg: Config, hf_cfg, device: torch.device, tokenizer: Any | None = None):
+    """Random-weight target and a drafter per the config, their dtype and mask token chosen as training
+    chooses them (`tokenizer`: the target folder's, if any); returns (target, drafter)."""
     from transformers import AutoModelForCausalLM
 
     from blockdraft.model.drafter import DFlashDrafter, drafter_config
-    from blockdraft.model.target import Target
+    from blockdraft.model.target import Target, resolve_mask_token, target_dtype
 
     d = cfg.drafter
     layer_ids = d.tap_layers(hf_cfg.num_hidden_layers)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    mask_id, _ = resolve_mask_token(tokenizer, hf_cfg.vocab_size, bool(getattr(hf_cfg, "tie_word_embeddings", False)),
+                                    d.mask_token_id)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=target_dtype(cfg.target.dtype, device),
+                                                 attn_implementation="sdpa")
     model.requires_grad_(False).eval()
     target = Target(model, layer_ids)
-    mask_id = d.mask_token_id if d.mask_token_id is not None else hf_cfg.vocab_size - 1
     dcfg = drafter_config(hf_cfg, d.num_layers, d.block_size, layer_ids, mask_id, d.intermediate_size)
     return target, DFlashDrafter(dcfg).to(device)
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from transformers import AutoConfig, LlamaConfig, PretrainedConfig, Qwen3Config
 
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, first_line
+from blockdraft.model.tokenizer import load_tokenizer
 
 _QWEN3_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0}
 _LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500_000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -41,8 +42,17 @@ def target_config(shape: str | None, target_dir: str | None) -> PretrainedConfig
         try:
             return AutoConfig.from_pretrained(target_dir).get_text_config()
         except (OSError, ValueError) as exc:
-            raise UserError(f"{target_dir}: cannot read a model config: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"{target_dir}: cannot read a model config: {first_line(exc)}") from None
     if shape not in SHAPES:
         raise UserError(f"unknown target shape {shape!r}; choose one of {', '.join(SHAPES)}")
     cls, fields = SHAPES[shape]
     return cls(**fields)
+
+
+def target_tokenizer(target_dir: str | None) -> Any | None:
+    """A local folder's tokenizer, where it has one: the bench's drafter then takes the mask token that
+    training would. A named shape, or a folder of a config alone, has none."""
+    files = ("tokenizer.json", "tokenizer_config.json")
+    if target_dir is None or not any(Path(target_dir, f).is_file() for f in files):
+        return None
+    return load_tokenizer(target_dir)

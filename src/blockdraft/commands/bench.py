@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, check_at_least
 
 if TYPE_CHECKING:
     from blockdraft.config import Config
@@ -122,7 +122,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any] | None:
     import torch
 
     from blockdraft.bench.measure import build_models, checkpoint_stall, matmul_tflops, nominal_peak, run_profile
-    from blockdraft.bench.shapes import target_config
+    from blockdraft.bench.shapes import target_config, target_tokenizer
     from blockdraft.device import pick_device
     from blockdraft.train import distributed
     from blockdraft.train.hotpath import DraftForward, HotPath
@@ -136,9 +136,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any] | None:
     gpu = picked.type == "cuda"
     args.steps = args.steps if args.steps is not None else (100 if gpu else 20)
     args.warmup = args.warmup if args.warmup is not None else (12 if gpu else 6)
-    if args.steps < 1 or args.warmup < 0 or args.micro_batch < 1 or args.mix_median < 1 or args.mix_sigma < 0:
-        raise UserError("--steps, --micro-batch and --mix-median must be at least 1, --warmup and --mix-sigma "
-                        "at least 0")
+    check_at_least(args, 1, "steps", "micro_batch", "mix_median")
+    check_at_least(args, 0, "warmup", "mix_sigma")
     if args.profile:  # before minutes of measuring, not after
         try:
             Path(args.profile).mkdir(parents=True, exist_ok=True)
@@ -147,7 +146,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any] | None:
     world, device = distributed.init(picked, cfg.train.dist_timeout_s)
     hf_cfg = target_config(args.target_shape, args.target)
     torch.manual_seed(cfg.train.seed)
-    target, drafter = build_models(cfg, hf_cfg, device)
+    target, drafter = build_models(cfg, hf_cfg, device, target_tokenizer(args.target))
     module, defer = distributed.wrap(DraftForward(drafter), cfg.train.parallel, world, device)
     hot = HotPath(target, drafter, cfg, device, module=module, defer_sync=defer)
     peak = nominal_peak(device, args.peak_tflops)

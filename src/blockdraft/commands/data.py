@@ -11,7 +11,7 @@ import argparse
 import json
 from typing import Any
 
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, check_at_least
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,10 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.model.locate import locate_model
     from blockdraft.model.tokenizer import load_tokenizer
 
-    if args.world_size < 1:
-        raise UserError("--world-size must be at least 1")
-    if args.grad_accum is not None and args.grad_accum < 1:
-        raise UserError("--grad-accum must be at least 1")
+    check_at_least(args, 1, "world_size", "grad_accum")
     args.target = str(locate_model(args.target))  # a folder, or a hub id from the local cache
     cfg = run_config(args)
     tokenizer = load_tokenizer(args.target)

@@ -96,9 +96,8 @@ def run(args: argparse.Namespace) -> int:
                                   batch_size=cfg.eval.batch_size)
     steps_logged = [r for r in read_log(out / "log.jsonl") if r.get("kind") == "step"]
     log = RunLog(out / "log.jsonl")
-    log.write("eval", result.last_step, tau=report.tau, tau_hist=report.tau_hist, prompts=len(prompts),
-              mode="path", budget=None, tokens=report.tokens, speedup=report.speedup, lossless=report.lossless,
-              source="export", tau_est_train=steps_logged[-1].get("tau_est") if steps_logged else None)
+    tau_est_train = steps_logged[-1].get("tau_est") if steps_logged else None
+    log.write("eval", result.last_step, **report.eval_record(len(prompts), tau_est_train), source="export")
     log.close()
 
     table = Table(title="blockdraft demo", show_header=False)

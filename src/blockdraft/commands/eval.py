@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, check_at_least
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,6 +48,8 @@ def parse_budgets(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
     from blockdraft.config import EvalConfig
     from blockdraft.device import pick_device
     from blockdraft.evaluate.prompts import load_prompts
@@ -56,10 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.model.target import load_target, open_target
 
     budgets = parse_budgets(args.tree_budget)
-    if min(args.max_new_tokens, args.limit, args.prompt_tokens, args.batch_size) < 1:
-        raise UserError("--max-new-tokens, --limit, --prompt-tokens and --batch-size must be >= 1")
-    if args.temperature < 0:
-        raise UserError("--temperature must be >= 0")
+    check_at_least(args, 1, "max_new_tokens", "limit", "prompt_tokens", "batch_size")
+    check_at_least(args, 0, "temperature")
     device = pick_device(args.device)
     folder = open_target(args.target)  # prompts first: a bad set fails before the weights load
     tokenizer = folder.tokenizer
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         "skipped_lines": skipped,
         "device": device.type,
         "cuda_graphs": args.cuda_graphs and device.type == "cuda",
-        "modes": [r.to_dict() for r in results],
+        "modes": [asdict(r) for r in results],
     }
     if args.json:
         print(json.dumps(summary))

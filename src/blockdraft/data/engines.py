@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, first_line
 
 PAD_MULTIPLE = 64  # static cache: prompts padded to a multiple of this, so few shapes compile
 
@@ -25,14 +25,15 @@ class HFEngine:
         from transformers import AutoModelForCausalLM
 
         from blockdraft.device import pick_device
+        from blockdraft.model.target import target_dtype
 
         self.torch = torch
-        device = pick_device(device).type
-        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        picked = pick_device(device)
+        device, dtype = picked.type, target_dtype("auto", picked)
         try:
             self.model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()
         except (OSError, ValueError) as exc:
-            raise UserError(f"cannot load the target model from {target}: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"cannot load the target model from {target}: {first_line(exc)}") from None
         self.device = device
         self.tokenizer = tokenizer
         tokenizer.truncation_side = "left"  # a long chat keeps its latest turns

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from blockdraft.data.reading import MANIFEST
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, check_at_least
 
 MANIFEST_SETTINGS = ("format", "max_new_tokens", "temperature", "top_p", "thinking", "shard_size", "prompt_tokens",
                      "seed")  # the flags a rerun must repeat, besides the inputs and the target
@@ -175,9 +175,7 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.model.tokenizer import load_tokenizer
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` and schedulers: report, then stop
-    for name in ("batch_size", "prompt_tokens", "shard_size", "max_new_tokens"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    check_at_least(args, 1, "batch_size", "prompt_tokens", "shard_size", "max_new_tokens")
     if args.chunk_tokens < 0:
         raise UserError("--chunk-tokens must be >= 0 (0: the whole answer in one call)")
     if args.temperature < 0 or not 0 < args.top_p <= 1:

@@ -142,21 +142,6 @@ class TreeDecoder(Decoder):
         return Generation(trim_to_eos(out, max_new_tokens, eos_id), acceptance, self.clock() - t0)
 
 
-def tree_decode(
-    target: Target,
-    drafter: DFlashDrafter,
-    prompt: list[int],
-    max_new_tokens: int,
-    eos_id: int | None,
-    budget: int | None = None,
-    temperature: float = 0.0,
-    generator: torch.Generator | None = None,
-) -> Generation:
-    """One prompt, eagerly (tests): see TreeDecoder."""
-    decoder = TreeDecoder(target, drafter, budget, len(prompt), max_new_tokens)
-    return decoder.decode(prompt, max_new_tokens, eos_id, temperature, generator)
-
-
 def _walk(tree: DraftTree, choices: list[int]) -> tuple[list[int], list[int]]:
     """From the root, follow the child whose token is the target's choice at the current node
     (`choices[k]`: its token after node k-1, the root first). Returns the accepted node indices and

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -31,8 +32,12 @@ class ModeResult:
     speedup: float | None
     lossless: bool | None  # greedy only: every output equals target-only decoding
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def eval_record(self, prompts: int, tau_est_train: float | None) -> dict[str, Any]:
+        """This single-path or tree result as the fields of an `eval` record in log.jsonl: one definition for
+        the trainer's evaluations and the demo's measurement of its export."""
+        return {"tau": self.tau, "tau_hist": self.tau_hist, "prompts": prompts, "mode": self.mode,
+                "budget": self.budget, "tokens": self.tokens, "speedup": self.speedup, "lossless": self.lossless,
+                "tau_est_train": tau_est_train}
 
 
 def tokens_per_s(gens: list[Generation]) -> float:

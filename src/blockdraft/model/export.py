@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config
 
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, make_dir
 from blockdraft.model.drafter import DFlashDrafter
 
 
@@ -36,8 +36,7 @@ def write_export(out_dir: Path, config: dict, state: dict[str, torch.Tensor], dt
                  copies: dict[str, Path] | None = None) -> Path:
     """An export folder: config.json, model.safetensors (the tensors in `dtype`) and `copies` ({name:
     source file}), each of mode 0644: a serving process under another user reads them."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = make_dir(Path(out_dir))
     copies = copies or {}
     for name, source in copies.items():
         shutil.copyfile(source, out_dir / name)

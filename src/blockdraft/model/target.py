@@ -15,14 +15,15 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, first_line
 from blockdraft.model.locate import locate_model
 from blockdraft.model.tokenizer import load_tokenizer
 
 MASK_TOKEN_NAMES = ("<|MASK|>", "<|mask|>", "<mask>", "[MASK]")
 
 
-def _dtype(name: str, device: torch.device) -> torch.dtype:
+def target_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The target's weights: `auto` is bf16 on a GPU and fp32 on CPU, for every verb that loads or builds one."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, name)
@@ -41,28 +42,31 @@ def _spare_special_tokens(tokenizer) -> list[tuple[int, str]]:
     return sorted(spare, key=lambda it: (not any(h in it[1].lower() for h in hints), -it[0]))
 
 
-def resolve_mask_token(tokenizer, vocab_rows: int, tied_head: bool, configured: int | None) -> tuple[int, str | None]:
+def resolve_mask_token(tokenizer: Any | None, vocab_rows: int, tied_head: bool,
+                       configured: int | None) -> tuple[int, str | None]:
     """The drafter's mask token: a real row of the target's embedding table (DFLASH.md), decided
     before any data is tokenised or weights are loaded. Returns (id, note): the note says what was
-    chosen when the config did not say, for the log and the console."""
-    if configured is not None:
-        if not 0 <= configured < vocab_rows:
-            spare = _spare_special_tokens(tokenizer)
-            hint = (f"leave drafter.mask_token_id unset to use the tokenizer's mask token or a spare special token "
-                    f"(this one has e.g. id {spare[0][0]} {spare[0][1]!r})" if spare else
-                    "leave drafter.mask_token_id unset, or choose an id below the table size")
-            raise UserError(
-                f"drafter.mask_token_id={configured} is outside the target's embedding table ({vocab_rows} rows: "
-                f"ids 0..{vocab_rows - 1}); an id from another model's recipe does not carry over; {hint}"
-            )
+    chosen when the config did not say, for the log and the console. Without a tokenizer (a bench
+    shape: random weights and random ids) any row marks the positions to draft: the last one."""
+    if configured is not None and 0 <= configured < vocab_rows:
         return configured, None
+    spare = [(i, name) for i, name in _spare_special_tokens(tokenizer) if i < vocab_rows] if tokenizer else []
+    if configured is not None:
+        hint = (f"leave drafter.mask_token_id unset to use the tokenizer's mask token or a spare special token "
+                f"(this one has e.g. id {spare[0][0]} {spare[0][1]!r})" if spare else
+                "leave drafter.mask_token_id unset, or choose an id below the table size")
+        raise UserError(
+            f"drafter.mask_token_id={configured} is outside the target's embedding table ({vocab_rows} rows: "
+            f"ids 0..{vocab_rows - 1}); an id from another model's recipe does not carry over; {hint}"
+        )
+    if tokenizer is None:
+        return vocab_rows - 1, None
     token_id = tokenizer.mask_token_id
     if token_id is None:
         vocab = tokenizer.get_vocab()
         token_id = next((vocab[name] for name in MASK_TOKEN_NAMES if name in vocab), None)
     if token_id is not None and 0 <= token_id < vocab_rows:
         return token_id, None
-    spare = [(i, name) for i, name in _spare_special_tokens(tokenizer) if i < vocab_rows]
     if spare:
         i, name = spare[0]
         return i, (f"the target has no mask token; the drafter uses id {i} {name!r}, a special token that no "
@@ -196,15 +200,13 @@ def open_target(path: str | Path) -> TargetFolder:
     dataset or prompt set fails before a large model loads."""
     from transformers import AutoConfig
 
-    path = locate_model(path)
-    if not path.is_dir():
-        raise UserError(f"target folder not found: {path}")
+    path = locate_model(path)  # a folder, or a user error
     if not (path / "config.json").is_file():
         raise UserError(f"{path} has no config.json: not a Hugging Face model folder")
     try:
         hf_config = AutoConfig.from_pretrained(str(path))
     except (OSError, ValueError, KeyError) as exc:
-        raise UserError(f"{path}: cannot read config.json: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"{path}: cannot read config.json: {first_line(exc)}") from None
     architectures = getattr(hf_config, "architectures", None) or []
     if architectures and not any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in architectures):
         raise UserError(f"{path} is a {architectures[0]}, not a causal LM (…ForCausalLM)")
@@ -221,10 +223,10 @@ def load_target(folder: str | Path | TargetFolder, layer_ids: list[int], device:
         folder = open_target(folder)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            str(folder.path), dtype=_dtype(dtype, device), attn_implementation="sdpa"
+            str(folder.path), dtype=target_dtype(dtype, device), attn_implementation="sdpa"
         )
     except (OSError, ValueError) as exc:
-        raise UserError(f"{folder.path}: cannot load as a causal LM: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"{folder.path}: cannot load as a causal LM: {first_line(exc)}") from None
     model.requires_grad_(False).eval().to(device)
     return Target(model, layer_ids), folder.tokenizer, folder.config
 

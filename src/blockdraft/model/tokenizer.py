@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, first_line
 
 
 def load_tokenizer(path: str) -> Any:
@@ -18,5 +18,4 @@ def load_tokenizer(path: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError... for a bad folder
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"cannot load a tokenizer from {path}: {first}") from None
+        raise UserError(f"cannot load a tokenizer from {path}: {first_line(exc)}") from None

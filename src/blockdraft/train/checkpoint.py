@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import shutil
 import threading
 import time
@@ -279,7 +280,7 @@ def _readable(path: Path) -> Iterator[None]:
     """A failure to read the checkpoint at `path` becomes one UserError line."""
     try:
         yield
-    except (OSError, ValueError, RuntimeError, KeyError, dcp.CheckpointException) as exc:
+    except (OSError, ValueError, RuntimeError, KeyError, pickle.UnpicklingError, dcp.CheckpointException) as exc:
         raise UserError(f"checkpoint {path} is unreadable ({_cause(exc)[:200]})") from None
 
 

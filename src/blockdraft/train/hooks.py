@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from blockdraft.data.prefetch import Batch
 from blockdraft.doctor.live import LiveDoctor
@@ -19,7 +19,51 @@ from blockdraft.train.budget import TimeBudget
 from blockdraft.train.guard import batch_id
 
 if TYPE_CHECKING:
-    from blockdraft.train.loop import Trainer
+    import torch
+
+    from blockdraft.config import Config
+    from blockdraft.evaluate.runner import ModeResult
+    from blockdraft.model.drafter import DFlashDrafter
+    from blockdraft.telemetry.console import TrainConsole
+    from blockdraft.telemetry.log import RunLog
+    from blockdraft.train.checkpoint import Checkpointer, LoadedCheckpoint
+    from blockdraft.train.guard import StepGuard
+    from blockdraft.train.state import DataFeed
+
+
+class TrainingRun(Protocol):
+    """What the hooks read and call of the trainer (train/loop.py's `Trainer`, which lists the hooks):
+    named here so that the hooks need not import the loop that runs them."""
+
+    cfg: Config
+    device: torch.device
+    total_steps: int
+    warmup_steps: int
+    started: float  # time.time() when the run opened
+    stop_reason: str | None
+    eval_prompts: list[list[int]]
+    last_eval: dict[str, Any] | None
+    log: RunLog
+    console: TrainConsole
+    checkpointer: Checkpointer
+    guard: StepGuard
+    feed: DataFeed
+    drafter: DFlashDrafter
+    parts: dict[str, Any]  # name -> a part with state_dict/load_state_dict, saved with the weights
+    saves: SaveHook
+
+    @property
+    def step(self) -> int: ...
+
+    def shorten_schedule(self, total_steps: int) -> None: ...
+
+    def live_state(self) -> dict[str, dict[str, Any]]: ...
+
+    def restore(self, ckpt: LoadedCheckpoint) -> None: ...
+
+    def warn_damaged(self, message: str) -> None: ...
+
+    def evaluate(self) -> ModeResult: ...
 
 
 @dataclass
@@ -42,7 +86,7 @@ class StepEnd:
 
 
 class Hook:
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: TrainingRun) -> None:
         self.trainer = trainer
 
     def on_start(self) -> None: ...
@@ -56,7 +100,7 @@ class TimeBudgetHook(Hook):
     """`train.max_minutes`: the LR schedule re-planned to end when the time does (`TimeBudget`);
     and the first update's compile time shown once it is paid."""
 
-    def __init__(self, trainer: Trainer, max_minutes: float | None) -> None:
+    def __init__(self, trainer: TrainingRun, max_minutes: float | None) -> None:
         super().__init__(trainer)
         self.budget = TimeBudget(max_minutes * 60 if max_minutes else None)
 
@@ -191,8 +235,8 @@ class EvalHook(Hook):
             return
         self.evaluated_at = t.step
         t0 = time.time()
-        t.last_eval = t.evaluate()
-        t.log.write("eval", t.step, **t.last_eval, tau_est_train=end.metrics["tau_est"], eval_s=time.time() - t0)
+        t.last_eval = t.evaluate().eval_record(len(t.eval_prompts), end.metrics["tau_est"])
+        t.log.write("eval", t.step, **t.last_eval, eval_s=time.time() - t0)
         t.console.note(f"eval tau {t.last_eval['tau']:.2f} on {t.last_eval['prompts']} prompts", style="cyan")
 
 
@@ -206,7 +250,7 @@ class LiveDoctorHook(Hook):
 
     name = "live doctor"
 
-    def __init__(self, trainer: Trainer, every: int = 50, min_interval_s: float = 30.0,
+    def __init__(self, trainer: TrainingRun, every: int = 50, min_interval_s: float = 30.0,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         super().__init__(trainer)
         self.every, self.min_interval_s, self.clock = every, min_interval_s, clock
@@ -243,7 +287,7 @@ class StopOnSignal:
     """First SIGINT/SIGTERM: stop after this step and save. Second: leave at once (a save in flight
     is abandoned in its temp folder; committed checkpoints are never touched)."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: TrainingRun) -> None:
         self.trainer = trainer
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:

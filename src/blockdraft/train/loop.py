@@ -37,6 +37,7 @@ from blockdraft.data.summary import data_record
 from blockdraft.device import pick_device
 from blockdraft.errors import UserError, make_dir
 from blockdraft.evaluate.prompts import heldout_prompts
+from blockdraft.evaluate.runner import ModeResult
 from blockdraft.evaluate.runner import evaluate as evaluate_modes
 from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_target
 from blockdraft.model.target import load_target, open_target, resolve_mask_token
@@ -268,7 +269,7 @@ class Trainer:
         self.log.write("skip", self.step + 1, reason="skip_list", batch_ids=[bid], bucket=batch.bucket, loss=None,
                        grad_norm=None)
 
-    def evaluate(self) -> dict[str, Any]:
+    def evaluate(self) -> ModeResult:
         """Speculative decoding on the held-out prompts. Every rank runs the same evaluation (no rank
         waits for another; rank 0 logs it); under FSDP2 with a whole drafter gathered from the shards."""
         ev = self.cfg.eval
@@ -278,8 +279,7 @@ class Trainer:
             drafter.load_state_dict(distributed.full_drafter_state(self.drafter))
         (path,), _ = evaluate_modes(self.target, drafter, self.eval_prompts, ev.max_new_tokens,
                                     self.tokenizer.eos_token_id, budgets=[], batch_size=ev.batch_size)
-        return {"tau": path.tau, "tau_hist": path.tau_hist, "prompts": len(self.eval_prompts), "mode": "path",
-                "budget": None, "tokens": path.tokens, "speedup": path.speedup, "lossless": path.lossless}
+        return path
 
     # ---- the run -----------------------------------------------------------------------------------
     def _open_run(self) -> None:

@@ -41,14 +41,6 @@ def size_class(n: int, quantum: int, ratio: float) -> int:
     return c
 
 
-def ladder(limit: int, quantum: int, ratio: float) -> list[int]:
-    """Every class up to the first one >= limit: the most shapes sizes up to `limit` can take."""
-    out = [quantum]
-    while out[-1] < limit:
-        out.append(size_class(out[-1] + 1, quantum, ratio))
-    return out
-
-
 @dataclass(frozen=True)
 class ShapeClasses:
     """The classes of one run: `context(L)` and `blocks(V)` give the padded sizes of a pass."""
@@ -72,7 +64,3 @@ class ShapeClasses:
 
     def blocks(self, count: int) -> int:
         return size_class(max(count, 1), self.block_quantum, self.block_ratio)
-
-    def block_ladder(self, max_blocks: int) -> list[int]:
-        """Every block class a pass of at most max_blocks blocks can take: the graphs a run can need."""
-        return ladder(max_blocks, self.block_quantum, self.block_ratio)
