@@ -66,9 +66,10 @@ import torch
 from blockdraft.bench.measure import nominal_peak, summarize_rows
 from blockdraft.bench.synthetic import SyntheticDataset
 from blockdraft.commands import bench as bench_command
-from blockdraft.config import Config, default_layer_ids
+from blockdraft.config import Config
 from blockdraft.errors import UserError
 from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
+from blockdraft.model.target import resolve_mask_token, target_dtype
 
 MODES = ("pad-max", "pad-longest", "pack")
 PAD_ID = 0  # any id: padding is masked out of the target's attention and of the loss
@@ -164,9 +165,9 @@ def drafter_shape(cfg: Config, hf_cfg) -> Shape:
     if d.intermediate_size is not None or d.init_from_target or cfg.train.anchors_per_token is not None:
         raise UserError("NeMo's DFlash drafter has no drafter.intermediate_size (it takes the target's), no "
                         "init_from_target and no train.anchors_per_token: leave them unset")
-    layer_ids = d.target_layer_ids or default_layer_ids(hf_cfg.num_hidden_layers, d.num_taps)
-    mask = d.mask_token_id if d.mask_token_id is not None else hf_cfg.vocab_size - 1
-    return Shape(d.num_layers, d.block_size, list(layer_ids), cfg.train.num_anchors, mask)
+    tied = bool(getattr(hf_cfg, "tie_word_embeddings", False))
+    mask, _ = resolve_mask_token(None, hf_cfg.vocab_size, tied, d.mask_token_id)  # a shape: no tokenizer
+    return Shape(d.num_layers, d.block_size, d.tap_layers(hf_cfg.num_hidden_layers), cfg.train.num_anchors, mask)
 
 
 @dataclass
@@ -196,7 +197,7 @@ class Peer:
                  attention: str) -> None:
         from transformers import AutoModelForCausalLM
 
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # its compute_dtype
+        dtype = target_dtype("auto", device)  # bf16 on a GPU: NeMo's compute_dtype and ours
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype, attn_implementation="sdpa")
         model.requires_grad_(False)

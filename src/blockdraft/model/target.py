@@ -50,7 +50,7 @@ def resolve_mask_token(tokenizer: Any | None, vocab_rows: int, tied_head: bool,
     shape: random weights and random ids) any row marks the positions to draft: the last one."""
     if configured is not None and 0 <= configured < vocab_rows:
         return configured, None
-    spare = [(i, name) for i, name in _spare_special_tokens(tokenizer) if i < vocab_rows] if tokenizer else []
+    spare = [] if tokenizer is None else [(i, n) for i, n in _spare_special_tokens(tokenizer) if i < vocab_rows]
     if configured is not None:
         hint = (f"leave drafter.mask_token_id unset to use the tokenizer's mask token or a spare special token "
                 f"(this one has e.g. id {spare[0][0]} {spare[0][1]!r})" if spare else
