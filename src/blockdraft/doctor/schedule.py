@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from blockdraft.config import total_updates
 from blockdraft.doctor import stats
 from blockdraft.doctor.run import LoggedRun
 from blockdraft.schedule import lr_curve, noise_curve
@@ -21,8 +22,8 @@ def _positive_int(value: object) -> int | None:
 
 
 def total_steps(run: LoggedRun) -> int | None:
-    """Updates in the whole run: run_start's, the config's max_steps, or epochs x steps per epoch
-    (configured, else measured from the log's epoch field)."""
+    """Updates in the whole run: run_start's, the config's max_steps, or the trainer's rule
+    (`config.total_updates`) on epochs and steps per epoch (configured, else measured from the log)."""
     known = _positive_int(run.run_value("total_steps")) or _positive_int(run.setting("train", "max_steps"))
     if known:
         return known
@@ -30,7 +31,7 @@ def total_steps(run: LoggedRun) -> int | None:
     if not isinstance(epochs, int | float) or epochs <= 0:
         return None
     per_epoch = _positive_int(run.setting("train", "steps_per_epoch")) or logged_steps_per_epoch(run)
-    return int(round(float(epochs) * per_epoch)) if per_epoch else None
+    return total_updates(None, float(epochs), per_epoch) if per_epoch else None
 
 
 def logged_steps_per_epoch(run: LoggedRun) -> int | None:
