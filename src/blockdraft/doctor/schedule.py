@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from blockdraft.config import total_updates
+from blockdraft.config import total_updates, warmup_updates
 from blockdraft.doctor import stats
 from blockdraft.doctor.run import LoggedRun
 from blockdraft.schedule import lr_curve, noise_curve
@@ -50,14 +50,15 @@ def logged_steps_per_epoch(run: LoggedRun) -> int | None:
 
 
 def warmup_steps(run: LoggedRun) -> int | None:
-    """Resolved warmup length: run_start's, else optim.warmup_steps, else ratio x total."""
+    """Resolved warmup length: run_start's, else the trainer's rule (`config.warmup_updates`) on the
+    config's warmup_steps or warmup_ratio."""
     for known in (run.run_value("warmup_steps"), run.setting("optim", "warmup_steps")):
         if isinstance(known, int | float) and not isinstance(known, bool) and known >= 0:
             return int(known)
     ratio = run.setting("optim", "warmup_ratio")
     total = total_steps(run)
     if isinstance(ratio, int | float) and total:
-        return math.ceil(float(ratio) * total)
+        return warmup_updates(None, float(ratio), total)
     return None
 
 
