@@ -35,18 +35,23 @@ def total_steps(run: LoggedRun) -> int | None:
 
 
 def logged_steps_per_epoch(run: LoggedRun) -> int | None:
-    """Steps per epoch from the slope of the log's epoch position (a fractional epoch, or epoch plus
-    epoch_progress) over the first run segment; None without an epoch field."""
+    """Steps per epoch from the log's epoch field; None without one."""
+    rise = epochs_per_step(run)
+    return _positive_int(1.0 / rise) if rise > 0 else None
+
+
+def epochs_per_step(run: LoggedRun) -> float:
+    """The slope of the log's epoch position (a fractional epoch, or epoch plus epoch_progress) over the
+    steps of the first run segment; NaN with fewer than 50 positions."""
     t = run.steps
     if t.has("epoch_pos"):
         pos = t.get("epoch_pos")
     elif t.has("epoch_progress"):
         pos = np.nan_to_num(t.get("epoch"), nan=0.0) + t.get("epoch_progress")
     else:
-        return None
-    ok = np.isfinite(pos) & t.first_segment
-    rise = stats.slope(t.steps[ok], pos[ok]) if ok.sum() >= 50 else math.nan
-    return _positive_int(1.0 / rise) if rise > 0 else None
+        return math.nan
+    ok = np.isfinite(pos) & t.first_segment & np.isfinite(t.steps)
+    return stats.slope(t.steps[ok], pos[ok]) if ok.sum() >= 50 else math.nan
 
 
 def warmup_steps(run: LoggedRun) -> int | None:
