@@ -20,7 +20,8 @@ from typing import Any
 from blockdraft.doctor.detectors import diagnose, settings
 from blockdraft.doctor.detectors.timing import stall_threshold
 from blockdraft.doctor.findings import SEVERITY_RANK, Finding
-from blockdraft.doctor.records import apply_mapping, decode_record, run_from_records
+from blockdraft.doctor.records import apply_mapping, run_from_records
+from blockdraft.telemetry.log import decode_record
 
 WATCHED = ("loss", "grad_norm")
 

@@ -2,13 +2,12 @@
 
 JSON lines are decoded with msgspec into a struct of only the fields we read (a million of our
 step lines in ~8 s CPU on the 2-core dev box, where orjson into dicts needs ~11 s); lines it rejects
-(NaN literals, odd types) go through `json`.
+(NaN literals, odd types) go through `json` (`telemetry.log.decode_record`).
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -21,6 +20,7 @@ from blockdraft.doctor import fields
 from blockdraft.doctor.fields import LIST_FIELDS, OTHER_FIELDS, STEP_FIELDS
 from blockdraft.doctor.run import MISSING_BUCKET, MIXED_BUCKET, NAN_SUFFIX, NAN_WATCH, LoggedRun, StepTable
 from blockdraft.errors import UserError
+from blockdraft.telemetry.log import decode_record
 
 FORMATS = (
     "blockdraft log.jsonl, a JSONL of step records, Hugging Face trainer_state.json or checkpoint folder, "
@@ -169,15 +169,6 @@ def _decode_row(decoder: Any, raw: bytes, resolved: dict[str, str]) -> Any:
 def _is_step(kind: Any, step: Any, metrics: Iterable[Any]) -> bool:
     """A step record: kind "step", or (a foreign log's) no kind but a step number and a metric."""
     return kind == "step" or (kind is None and step is not None and any(m is not None for m in metrics))
-
-
-def decode_record(raw: bytes) -> dict[str, Any] | None:
-    """One JSON line as a dict; None for anything else (a partial line, a list, not JSON)."""
-    try:
-        rec = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return rec if isinstance(rec, dict) else None
 
 
 def _number(value: Any) -> float:
