@@ -21,7 +21,7 @@ from blockdraft.doctor.detectors import diagnose, settings
 from blockdraft.doctor.detectors.timing import stall_threshold
 from blockdraft.doctor.findings import SEVERITY_RANK, Finding
 from blockdraft.doctor.records import apply_mapping, run_from_records
-from blockdraft.telemetry.log import decode_record
+from blockdraft.telemetry.log import NONFINITE, decode_record
 
 WATCHED = ("loss", "grad_norm")
 
@@ -107,7 +107,7 @@ class LiveDoctor:
         return True
 
     def _immediate(self, record: dict[str, Any]) -> list[Finding]:
-        flagged = record.get("nonfinite")
+        flagged = record.get(NONFINITE)
         flagged = flagged if isinstance(flagged, list) else []
         bad = [name for name in WATCHED if _nonfinite(record.get(name)) or name in flagged]
         if not bad:

@@ -20,13 +20,12 @@ from blockdraft.doctor import fields
 from blockdraft.doctor.fields import LIST_FIELDS, OTHER_FIELDS, STEP_FIELDS
 from blockdraft.doctor.run import MISSING_BUCKET, MIXED_BUCKET, NAN_SUFFIX, NAN_WATCH, LoggedRun, StepTable
 from blockdraft.errors import UserError
-from blockdraft.telemetry.log import decode_record
+from blockdraft.telemetry.log import NONFINITE, decode_record
 
 FORMATS = (
     "blockdraft log.jsonl, a JSONL of step records, Hugging Face trainer_state.json or checkpoint folder, "
     "W&B CSV export or wandb-history.jsonl, TensorBoard event files"
 )
-FLAGGED = "nonfinite"
 CHUNK_LINES = 50_000
 SNIFF_LINES = 400
 PROFILE_ROWS = 500
@@ -139,7 +138,7 @@ def _row_struct(resolved: dict[str, str]) -> type:
     scalar = float | bool | str | None
     specs: list[tuple[str, Any, Any]] = [("kind", str | None, None)]
     specs += [(name, Any if name == "queue_depth" else scalar, None) for name in STEP_FIELDS]
-    specs += [(name, Any, None) for name in ("buckets", "skip_reason", FLAGGED)]
+    specs += [(name, Any, None) for name in ("buckets", "skip_reason", NONFINITE)]
     return msgspec.defstruct("StepRow", specs, rename=fields.renamed(resolved), gc=False)
 
 
@@ -212,7 +211,7 @@ def _assemble(values: dict[str, list[Any]], lines: np.ndarray, others: list[dict
         records.setdefault(str(rec["kind"]), []).append(rec)
     n = len(lines)
     cols: dict[str, np.ndarray] = {}
-    flags = values.get(FLAGGED, [])
+    flags = values.get(NONFINITE, [])
     flagged_rows = [i for i, f in enumerate(flags) if isinstance(f, list)]
     for name in STEP_FIELDS:
         vals = values.get(name)

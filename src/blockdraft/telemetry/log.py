@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from blockdraft.telemetry.trackers import Sink
 
 SCHEMA = 1
+NONFINITE = "nonfinite"  # the record key listing the fields written as null for a NaN or Inf
 
 
 def _clean(value: Any, path: str, bad: list[str]) -> Any:
@@ -47,7 +48,7 @@ class RunLog:
         bad: list[str] = []
         record = _clean({"kind": kind, "time": time.time(), "step": step, **fields}, "", bad)
         if bad:
-            record["nonfinite"] = bad
+            record[NONFINITE] = bad
         self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
         self._fh.flush()
         for sink in list(self._sinks):
