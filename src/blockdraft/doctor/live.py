@@ -10,13 +10,15 @@ every `every` steps). Each code is reported once per severity it reaches.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from blockdraft.doctor import stats
 from blockdraft.doctor.detectors import diagnose, settings
 from blockdraft.doctor.detectors.timing import stall_threshold
 from blockdraft.doctor.findings import SEVERITY_RANK, Finding
@@ -124,8 +126,8 @@ class LiveDoctor:
 
     def _checkpoint(self, record: dict[str, Any]) -> list[Finding]:
         stall = record.get("stall_s")
-        times = [t for r in list(self._steps)[-200:] if isinstance(t := r.get("step_time"), int | float) and t > 0]
-        typical = statistics.median_high(times) if times else 0.0
+        times = [t for r in list(self._steps)[-200:] if isinstance(t := r.get("step_time"), int | float)]
+        typical = stats.typical_step_time(np.array(times, dtype=np.float64))
         if not isinstance(stall, int | float) or stall < stall_threshold(typical):
             return []
         step = int(record.get("step", 0))

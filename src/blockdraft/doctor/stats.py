@@ -22,6 +22,13 @@ def finite_median(x: np.ndarray) -> float:
     return float(np.nanmedian(x)) if np.isfinite(x).any() else math.nan
 
 
+def typical_step_time(step_time: np.ndarray) -> float:
+    """Typical seconds per update: the median positive step_time, NaN without one. The offline and the
+    live checkpoint-stall checks judge a stall against this same number."""
+    st = step_time[np.isfinite(step_time) & (step_time > 0)]
+    return float(np.median(st)) if len(st) else math.nan
+
+
 def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Medians of consecutive blocks of `size` (NaN-aware) and each block's centre index.
 
