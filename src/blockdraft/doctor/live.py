@@ -111,7 +111,8 @@ class LiveDoctor:
     def _immediate(self, record: dict[str, Any]) -> list[Finding]:
         flagged = record.get(NONFINITE)
         flagged = flagged if isinstance(flagged, list) else []
-        bad = [name for name in WATCHED if _nonfinite(record.get(name)) or name in flagged]
+        bad = [name for name in WATCHED
+               if name in flagged or (isinstance(v := record.get(name), float) and not math.isfinite(v))]
         if not bad:
             return []
         step = int(record.get("step", 0))
@@ -150,10 +151,6 @@ class LiveDoctor:
         run = run_from_records(recs)
         found = diagnose(run, (settings.optimizer_betas, settings.loss_decay_gamma)) if only_config else diagnose(run)
         return [f for f in found if self._fresh(f)]
-
-
-def _nonfinite(value: object) -> bool:
-    return isinstance(value, float) and not math.isfinite(value)
 
 
 def tail_records(

@@ -239,11 +239,11 @@ def _assemble(values: dict[str, list[Any]], lines: np.ndarray, others: list[dict
     profiles = values.get("acc_per_pos", [])[-PROFILE_ROWS:]
     run_start = records["run_start"][-1] if records.get("run_start") else None
     config = run_start.get("config") if run_start else None
+    config = config if isinstance(config, dict) else None
     table = StepTable(
         cols=cols, bucket=bucket, bucket_seq=bucket_seq, bucket_row=bucket_row,
         segment=_segments(cols["step"], lines, records), skip_reasons=reasons, acc_per_pos=_mean_profile(profiles),
     )
-    config = config if isinstance(config, dict) else None
     return LoggedRun(source=source, steps=table, run_start=run_start, config=config, records=records)
 
 
