@@ -30,14 +30,9 @@ def total_steps(run: LoggedRun) -> int | None:
     epochs = run.setting("train", "epochs")
     if not isinstance(epochs, int | float) or epochs <= 0:
         return None
-    per_epoch = _positive_int(run.setting("train", "steps_per_epoch")) or logged_steps_per_epoch(run)
-    return total_updates(None, float(epochs), per_epoch) if per_epoch else None
-
-
-def logged_steps_per_epoch(run: LoggedRun) -> int | None:
-    """Steps per epoch from the log's epoch field; None without one."""
     rise = epochs_per_step(run)
-    return _positive_int(1.0 / rise) if rise > 0 else None
+    per_epoch = _positive_int(run.setting("train", "steps_per_epoch")) or (_positive_int(1 / rise) if rise else None)
+    return total_updates(None, float(epochs), per_epoch) if per_epoch else None
 
 
 def epochs_per_step(run: LoggedRun) -> float:
