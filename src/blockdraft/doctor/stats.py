@@ -26,9 +26,8 @@ def finite_median(x: np.ndarray) -> float:
 
 def typical_step_time(step_time: np.ndarray) -> float:
     """Typical seconds per update: the median positive step_time, NaN without one. The offline and the
-    live checkpoint-stall checks judge a stall against this same number."""
-    st = step_time[np.isfinite(step_time) & (step_time > 0)]
-    return float(np.median(st)) if len(st) else math.nan
+    live checkpoint-stall checks and late_recompile's lost time are judged against this same number."""
+    return finite_median(np.where(np.isfinite(step_time) & (step_time > 0), step_time, np.nan))
 
 
 def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
