@@ -286,7 +286,17 @@ def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
+def total_updates(max_steps: int | None, epochs: float, updates_per_epoch: int) -> int:
+    """Optimizer updates in a run: max_steps, else `epochs` epochs with a partial last epoch rounded up
+    to a whole update. The trainer's length, and the doctor's for a log that does not state it."""
+    return max_steps or max(1, math.ceil(epochs * updates_per_epoch))
+
+
 def total_warmup_steps(optim: OptimConfig, total_steps: int) -> int:
-    if optim.warmup_steps is not None:
-        return optim.warmup_steps
-    return math.ceil(optim.warmup_ratio * total_steps)
+    return warmup_updates(optim.warmup_steps, optim.warmup_ratio, total_steps)
+
+
+def warmup_updates(warmup_steps: int | None, warmup_ratio: float, total_steps: int) -> int:
+    """Warmup length: warmup_steps when set, else warmup_ratio of the run rounded up. Plain values, so the
+    doctor applies the same rule to a foreign config."""
+    return warmup_steps if warmup_steps is not None else math.ceil(warmup_ratio * total_steps)

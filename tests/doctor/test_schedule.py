@@ -4,7 +4,7 @@ import sys
 import numpy as np
 
 from blockdraft import schedule as shared
-from blockdraft.config import NoiseConfig, OptimConfig
+from blockdraft.config import NoiseConfig, OptimConfig, total_updates, total_warmup_steps
 from blockdraft.doctor import schedule
 from blockdraft.doctor.run import LoggedRun, StepTable
 
@@ -47,3 +47,16 @@ def test_the_shared_schedule_imports_no_torch():
     code = "import sys, blockdraft.schedule; print([m for m in ('torch', 'transformers') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_run_of_partial_epochs_lasts_as_long_as_the_trainer_runs_it():
+    """0.3 epochs of 101 updates: the trainer runs 31 updates (a partial update counts), so must the doctor."""
+    run = _run({}, {"train": {"epochs": 0.3, "steps_per_epoch": 101}})
+    assert total_updates(None, 0.3, 101) == 31
+    assert schedule.total_steps(run) == 31
+
+
+def test_the_doctor_derives_the_warmup_the_trainer_applies():
+    for optim in (OptimConfig(warmup_ratio=0.07), OptimConfig(warmup_steps=5)):
+        run = _run({}, {"optim": optim.model_dump(mode="json"), "train": {"epochs": 0.3, "steps_per_epoch": 101}})
+        assert schedule.warmup_steps(run) == total_warmup_steps(optim, total_updates(None, 0.3, 101))

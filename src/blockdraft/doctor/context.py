@@ -174,10 +174,9 @@ class Context:
     @cached_property
     def seconds_per_step(self) -> float:
         """Typical wall seconds per update (from step_time, else from time stamps)."""
-        st = self.t.get("step_time")
-        st = st[np.isfinite(st) & (st > 0)]
-        if len(st):
-            return float(np.median(st))
+        typical = stats.typical_step_time(self.t.get("step_time"))
+        if math.isfinite(typical):
+            return typical
         ok = np.isfinite(self.dtime) & (self.dstep > 0)
         if ok.any():
             return float(np.median(self.dtime[ok] / self.dstep[ok]))

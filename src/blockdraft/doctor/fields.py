@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from blockdraft.errors import UserError
+from blockdraft.telemetry.log import NONFINITE
 
 STEP_FIELDS = (
     "step", "time", "lr", "loss", "acc", "tau_est", "streak", "grad_norm", "skipped", "noise_std", "epoch",
@@ -18,7 +19,7 @@ STEP_FIELDS = (
     "graphs_compiled", "kl", "window"
 )
 LIST_FIELDS = ("buckets", "acc_per_pos")
-OTHER_FIELDS = ("kind", "skip_reason", "nonfinite")
+OTHER_FIELDS = ("kind", "skip_reason", NONFINITE)
 HELD_OUT = ("eval", "val", "test")
 
 ALIASES: dict[str, tuple[str, ...]] = {

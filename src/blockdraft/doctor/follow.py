@@ -12,7 +12,8 @@ from blockdraft.doctor.detectors import diagnose
 from blockdraft.doctor.findings import Finding
 from blockdraft.doctor.live import LiveDoctor, tail_records
 from blockdraft.doctor.readers import resolve_log_path
-from blockdraft.doctor.records import decode_record, parse_log_bytes
+from blockdraft.doctor.records import parse_log_bytes
+from blockdraft.telemetry.log import decode_record
 
 
 def follow(

@@ -10,17 +10,20 @@ every `every` steps). Each code is reported once per severity it reaches.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from blockdraft.doctor import stats
 from blockdraft.doctor.detectors import diagnose, settings
 from blockdraft.doctor.detectors.timing import stall_threshold
 from blockdraft.doctor.findings import SEVERITY_RANK, Finding
-from blockdraft.doctor.records import apply_mapping, decode_record, run_from_records
+from blockdraft.doctor.records import apply_mapping, run_from_records
+from blockdraft.telemetry.log import NONFINITE, decode_record
 
 WATCHED = ("loss", "grad_norm")
 
@@ -106,9 +109,10 @@ class LiveDoctor:
         return True
 
     def _immediate(self, record: dict[str, Any]) -> list[Finding]:
-        flagged = record.get("nonfinite")
+        flagged = record.get(NONFINITE)
         flagged = flagged if isinstance(flagged, list) else []
-        bad = [name for name in WATCHED if _nonfinite(record.get(name)) or name in flagged]
+        bad = [name for name in WATCHED
+               if name in flagged or (isinstance(v := record.get(name), float) and not math.isfinite(v))]
         if not bad:
             return []
         step = int(record.get("step", 0))
@@ -123,8 +127,8 @@ class LiveDoctor:
 
     def _checkpoint(self, record: dict[str, Any]) -> list[Finding]:
         stall = record.get("stall_s")
-        times = [t for r in list(self._steps)[-200:] if isinstance(t := r.get("step_time"), int | float) and t > 0]
-        typical = statistics.median_high(times) if times else 0.0
+        times = [t for r in list(self._steps)[-200:] if isinstance(t := r.get("step_time"), int | float)]
+        typical = stats.typical_step_time(np.array(times, dtype=np.float64))
         if not isinstance(stall, int | float) or stall < stall_threshold(typical):
             return []
         step = int(record.get("step", 0))
@@ -147,10 +151,6 @@ class LiveDoctor:
         run = run_from_records(recs)
         found = diagnose(run, (settings.optimizer_betas, settings.loss_decay_gamma)) if only_config else diagnose(run)
         return [f for f in found if self._fresh(f)]
-
-
-def _nonfinite(value: object) -> bool:
-    return isinstance(value, float) and not math.isfinite(value)
 
 
 def tail_records(

@@ -2,13 +2,12 @@
 
 JSON lines are decoded with msgspec into a struct of only the fields we read (a million of our
 step lines in ~8 s CPU on the 2-core dev box, where orjson into dicts needs ~11 s); lines it rejects
-(NaN literals, odd types) go through `json`.
+(NaN literals, odd types) go through `json` (`telemetry.log.decode_record`).
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -21,12 +20,12 @@ from blockdraft.doctor import fields
 from blockdraft.doctor.fields import LIST_FIELDS, OTHER_FIELDS, STEP_FIELDS
 from blockdraft.doctor.run import MISSING_BUCKET, MIXED_BUCKET, NAN_SUFFIX, NAN_WATCH, LoggedRun, StepTable
 from blockdraft.errors import UserError
+from blockdraft.telemetry.log import NONFINITE, decode_record
 
 FORMATS = (
     "blockdraft log.jsonl, a JSONL of step records, Hugging Face trainer_state.json or checkpoint folder, "
     "W&B CSV export or wandb-history.jsonl, TensorBoard event files"
 )
-FLAGGED = "nonfinite"
 CHUNK_LINES = 50_000
 SNIFF_LINES = 400
 PROFILE_ROWS = 500
@@ -139,7 +138,7 @@ def _row_struct(resolved: dict[str, str]) -> type:
     scalar = float | bool | str | None
     specs: list[tuple[str, Any, Any]] = [("kind", str | None, None)]
     specs += [(name, Any if name == "queue_depth" else scalar, None) for name in STEP_FIELDS]
-    specs += [(name, Any, None) for name in ("buckets", "skip_reason", FLAGGED)]
+    specs += [(name, Any, None) for name in ("buckets", "skip_reason", NONFINITE)]
     return msgspec.defstruct("StepRow", specs, rename=fields.renamed(resolved), gc=False)
 
 
@@ -169,15 +168,6 @@ def _decode_row(decoder: Any, raw: bytes, resolved: dict[str, str]) -> Any:
 def _is_step(kind: Any, step: Any, metrics: Iterable[Any]) -> bool:
     """A step record: kind "step", or (a foreign log's) no kind but a step number and a metric."""
     return kind == "step" or (kind is None and step is not None and any(m is not None for m in metrics))
-
-
-def decode_record(raw: bytes) -> dict[str, Any] | None:
-    """One JSON line as a dict; None for anything else (a partial line, a list, not JSON)."""
-    try:
-        rec = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return rec if isinstance(rec, dict) else None
 
 
 def _number(value: Any) -> float:
@@ -221,7 +211,7 @@ def _assemble(values: dict[str, list[Any]], lines: np.ndarray, others: list[dict
         records.setdefault(str(rec["kind"]), []).append(rec)
     n = len(lines)
     cols: dict[str, np.ndarray] = {}
-    flags = values.get(FLAGGED, [])
+    flags = values.get(NONFINITE, [])
     flagged_rows = [i for i, f in enumerate(flags) if isinstance(f, list)]
     for name in STEP_FIELDS:
         vals = values.get(name)
@@ -249,11 +239,11 @@ def _assemble(values: dict[str, list[Any]], lines: np.ndarray, others: list[dict
     profiles = values.get("acc_per_pos", [])[-PROFILE_ROWS:]
     run_start = records["run_start"][-1] if records.get("run_start") else None
     config = run_start.get("config") if run_start else None
+    config = config if isinstance(config, dict) else None
     table = StepTable(
         cols=cols, bucket=bucket, bucket_seq=bucket_seq, bucket_row=bucket_row,
         segment=_segments(cols["step"], lines, records), skip_reasons=reasons, acc_per_pos=_mean_profile(profiles),
     )
-    config = config if isinstance(config, dict) else None
     return LoggedRun(source=source, steps=table, run_start=run_start, config=config, records=records)
 
 

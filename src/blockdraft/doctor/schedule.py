@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from blockdraft.config import total_updates, warmup_updates
 from blockdraft.doctor import stats
 from blockdraft.doctor.run import LoggedRun
 from blockdraft.schedule import lr_curve, noise_curve
@@ -21,42 +22,43 @@ def _positive_int(value: object) -> int | None:
 
 
 def total_steps(run: LoggedRun) -> int | None:
-    """Updates in the whole run: run_start's, the config's max_steps, or epochs x steps per epoch
-    (configured, else measured from the log's epoch field)."""
+    """Updates in the whole run: run_start's, the config's max_steps, or the trainer's rule
+    (`config.total_updates`) on epochs and steps per epoch (configured, else measured from the log)."""
     known = _positive_int(run.run_value("total_steps")) or _positive_int(run.setting("train", "max_steps"))
     if known:
         return known
     epochs = run.setting("train", "epochs")
     if not isinstance(epochs, int | float) or epochs <= 0:
         return None
-    per_epoch = _positive_int(run.setting("train", "steps_per_epoch")) or logged_steps_per_epoch(run)
-    return int(round(float(epochs) * per_epoch)) if per_epoch else None
+    rise = epochs_per_step(run)
+    per_epoch = _positive_int(run.setting("train", "steps_per_epoch")) or (_positive_int(1 / rise) if rise else None)
+    return total_updates(None, float(epochs), per_epoch) if per_epoch else None
 
 
-def logged_steps_per_epoch(run: LoggedRun) -> int | None:
-    """Steps per epoch from the slope of the log's epoch position (a fractional epoch, or epoch plus
-    epoch_progress) over the first run segment; None without an epoch field."""
+def epochs_per_step(run: LoggedRun) -> float:
+    """The slope of the log's epoch position (a fractional epoch, or epoch plus epoch_progress) over the
+    steps of the first run segment; NaN with fewer than 50 positions."""
     t = run.steps
     if t.has("epoch_pos"):
         pos = t.get("epoch_pos")
     elif t.has("epoch_progress"):
         pos = np.nan_to_num(t.get("epoch"), nan=0.0) + t.get("epoch_progress")
     else:
-        return None
-    ok = np.isfinite(pos) & t.first_segment
-    rise = stats.slope(t.steps[ok], pos[ok]) if ok.sum() >= 50 else math.nan
-    return _positive_int(1.0 / rise) if rise > 0 else None
+        return math.nan
+    ok = np.isfinite(pos) & t.first_segment & np.isfinite(t.steps)
+    return stats.slope(t.steps[ok], pos[ok]) if ok.sum() >= 50 else math.nan
 
 
 def warmup_steps(run: LoggedRun) -> int | None:
-    """Resolved warmup length: run_start's, else optim.warmup_steps, else ratio x total."""
+    """Resolved warmup length: run_start's, else the trainer's rule (`config.warmup_updates`) on the
+    config's warmup_steps or warmup_ratio."""
     for known in (run.run_value("warmup_steps"), run.setting("optim", "warmup_steps")):
         if isinstance(known, int | float) and not isinstance(known, bool) and known >= 0:
             return int(known)
     ratio = run.setting("optim", "warmup_ratio")
     total = total_steps(run)
     if isinstance(ratio, int | float) and total:
-        return math.ceil(float(ratio) * total)
+        return warmup_updates(None, float(ratio), total)
     return None
 
 

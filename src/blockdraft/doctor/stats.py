@@ -15,11 +15,19 @@ MAD_TO_SIGMA = 1.4826
 MAX_LONG_JUMPS = 20000  # bucket changes whose jump is measured as a median of 5 rows each side
 SEPARATION = 2.0
 MIN_SHARE = 0.03
+MAX_LEVELS = 4
+FIT_ROWS = 20000  # a fixed random subsample of rows fits the mixture: as good, and bounded in time
 
 
 def finite_median(x: np.ndarray) -> float:
     """nanmedian, or NaN when x holds no finite value (without numpy's all-NaN warning)."""
     return float(np.nanmedian(x)) if np.isfinite(x).any() else math.nan
+
+
+def typical_step_time(step_time: np.ndarray) -> float:
+    """Typical seconds per update: the median positive step_time, NaN without one. The offline and the
+    live checkpoint-stall checks and late_recompile's lost time are judged against this same number."""
+    return finite_median(np.where(np.isfinite(step_time) & (step_time > 0), step_time, np.nan))
 
 
 def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -247,7 +255,7 @@ class Levels:
     shares: np.ndarray
 
 
-def mixture_levels(x: np.ndarray, max_k: int = 4, sample: int = 20000, seed: int = 0) -> Levels | None:
+def mixture_levels(x: np.ndarray) -> Levels | None:
     """A 1-D Gaussian mixture chosen by BIC; None unless it finds >= 2 well separated levels: adjacent levels at
     Ashman's D = sqrt(2) |mu_a - mu_b| / sqrt(sd_a^2 + sd_b^2) >= SEPARATION (2 bounds a clearly bimodal pair),
     each holding MIN_SHARE of the rows, so that a heavy-tailed or skewed single mode (which a mixture also fits
@@ -255,12 +263,12 @@ def mixture_levels(x: np.ndarray, max_k: int = 4, sample: int = 20000, seed: int
     ok = np.flatnonzero(np.isfinite(x))
     if len(ok) < 100:
         return None
-    rng = np.random.default_rng(seed)
-    fit_rows = ok if len(ok) <= sample else np.sort(rng.choice(ok, size=sample, replace=False))
+    rng = np.random.default_rng(0)
+    fit_rows = ok if len(ok) <= FIT_ROWS else np.sort(rng.choice(ok, size=FIT_ROWS, replace=False))
     v = x[fit_rows]
     best: tuple[float, np.ndarray, np.ndarray, np.ndarray] | None = None
     lo, hi = np.quantile(v, (0.01, 0.99))
-    for k in range(1, max_k + 1):
+    for k in range(1, MAX_LEVELS + 1):
         starts = (np.quantile(v, (np.arange(k) + 0.5) / k), np.linspace(lo, hi, k))
         w, mu, sd, ll = max((_em(v, start) for start in starts), key=lambda fit: fit[3])
         bic = -2.0 * ll + (3 * k - 1) * math.log(len(v))

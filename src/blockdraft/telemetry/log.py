@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from blockdraft.telemetry.trackers import Sink
 
 SCHEMA = 1
+NONFINITE = "nonfinite"  # the record key listing the fields written as null for a NaN or Inf
 
 
 def _clean(value: Any, path: str, bad: list[str]) -> Any:
@@ -47,7 +48,7 @@ class RunLog:
         bad: list[str] = []
         record = _clean({"kind": kind, "time": time.time(), "step": step, **fields}, "", bad)
         if bad:
-            record["nonfinite"] = bad
+            record[NONFINITE] = bad
         self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
         self._fh.flush()
         for sink in list(self._sinks):
@@ -70,13 +71,16 @@ class RunLog:
         self._fh.close()
 
 
+def decode_record(raw: bytes | str) -> dict[str, Any] | None:
+    """One JSON line as a record; None for anything else (a partial line, a list, not JSON)."""
+    try:
+        rec = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
 def read_log(path: Path) -> list[dict[str, Any]]:
     """All complete records; a truncated last line (a crash mid-write) is ignored."""
-    records = []
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
+    with path.open("rb") as fh:
+        return [rec for line in fh if (rec := decode_record(line)) is not None]

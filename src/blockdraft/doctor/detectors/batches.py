@@ -7,13 +7,14 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from blockdraft.config import DataConfig
 from blockdraft.data.interleave import lag1_autocorr
 from blockdraft.doctor import stats
 from blockdraft.doctor.context import Context, shared
 from blockdraft.doctor.findings import Finding
 from blockdraft.doctor.run import MIXED_BUCKET
 
-DEFAULT_MAX_RUN = 3
+DEFAULT_MAX_RUN: int = DataConfig.model_fields["max_same_bucket_run"].default  # a log whose config omits it
 MIN_LEVEL_SPREAD = 1.25
 INTERLEAVED_MAX_R1 = -0.05
 
@@ -126,8 +127,8 @@ def _long_runs(ctx: Context, info: dict, updates: Finding | None) -> Finding:
         summary="batches come in long runs of one length bucket: " + "; ".join(parts),
         evidence={**{k: v for k, v in info.items() if k != "violated"}, **(updates.evidence if updates else {})},
         advice=(
-            "Interleave buckets proportionally (data.interleave=true, data.max_same_bucket_run=3) so every "
-            "bucket drains at the same pace; consecutive long batches whip the gradient around."
+            f"Interleave buckets proportionally (data.interleave=true, data.max_same_bucket_run={DEFAULT_MAX_RUN}) "
+            "so every bucket drains at the same pace; consecutive long batches whip the gradient around."
         ),
         weight=info.get("share_in_long_runs", 0.0)
         + max(0.0, info["lag1_autocorr"] if math.isfinite(info["lag1_autocorr"]) else 0.0),
@@ -149,9 +150,9 @@ def _homogeneous_from_levels(ctx: Context, info: dict) -> Finding:
         ),
         evidence={k: v for k, v in info.items() if isinstance(v, int | float) and k != "violated"},
         advice=(
-            "Interleave length buckets proportionally (at most 3 same-bucket batches in a row) so every bucket "
-            "drains at the same pace; log each step's bucket id to confirm (the doctor then checks the order "
-            "itself instead of inferring it from the loss)."
+            f"Interleave length buckets proportionally (at most {DEFAULT_MAX_RUN} same-bucket batches in a row) "
+            "so every bucket drains at the same pace; log each step's bucket id to confirm (the doctor then checks "
+            "the order itself instead of inferring it from the loss)."
         ),
         weight=info["spread"],
     )

@@ -29,11 +29,9 @@ def epoch_accounting(ctx: Context) -> Iterator[Finding]:
     if np.isfinite(ep).sum() >= 50:
         if np.nanmax(ep) > 1.0001 or np.nanmin(ep) < -1e-6:
             problems.append(f"epoch_progress leaves [0, 1] (range {np.nanmin(ep):.3g}..{np.nanmax(ep):.3g})")
-        pos = (np.nan_to_num(epoch, nan=0.0) if np.isfinite(epoch).any() else 0.0) + ep
-        ok = np.isfinite(pos)
         if np.isfinite(epoch).any() and (np.diff(epoch[np.isfinite(epoch)]) < 0).any():
             problems.append("the epoch counter goes backwards within one run segment")
-        slope = stats.slope(steps[ok], pos[ok])
+        slope = schedule.epochs_per_step(ctx.run)
         if slope > 0:
             implied_spe = 1.0 / slope
             evidence["steps_per_epoch_from_epoch"] = implied_spe
@@ -105,7 +103,7 @@ def _fractional_epoch(ctx: Context, rows: np.ndarray) -> Iterator[Finding]:
     pos = ctx.t.get("epoch_pos")[rows]
     updates = ctx.update[rows]
     ok = np.isfinite(pos)
-    slope = stats.slope(updates[ok], pos[ok])
+    slope = schedule.epochs_per_step(ctx.run)
     if not slope > 0:
         return
     per_epoch = 1.0 / slope

@@ -260,7 +260,7 @@ def late_recompile(ctx: Context) -> Iterator[Finding]:
     if not len(rows):
         return
     st = ctx.t.get("step_time")
-    typical = stats.finite_median(st)
+    typical = stats.typical_step_time(st)
     lost = float(np.nansum(np.maximum(st[rows] - typical, 0.0))) if math.isfinite(typical) else 0.0
     graphs = int(compiled[rows].sum())
     last = ctx.step_at(rows[-1])
