@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from blockdraft import __version__
-from blockdraft.config import Config, dump_config, total_warmup_steps
+from blockdraft.config import Config, dump_config, total_updates, total_warmup_steps
 from blockdraft.data.batching import BatchSampler
 from blockdraft.data.cache import TokenizedDataset, prepare_dataset
 from blockdraft.data.cost import anchor_candidates, dataset_blocks, dataset_costs
@@ -118,7 +118,7 @@ class Trainer:
                                     world_size=self.world, grad_accum=cfg.train.grad_accum,
                                     costs=dataset_costs(self.dataset, text_cfg, cfg, layer_ids, self.anchor_scan))
         self.updates_per_epoch = max(1, self.sampler.batches_per_epoch // cfg.train.grad_accum)
-        self.total_steps = cfg.train.max_steps or max(1, math.ceil(cfg.train.epochs * self.updates_per_epoch))
+        self.total_steps = total_updates(cfg.train.max_steps, cfg.train.epochs, self.updates_per_epoch)
         self.warmup_steps = total_warmup_steps(cfg.optim, self.total_steps)
         self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim, self.device)
         self.prefetcher = Prefetcher(self.dataset, self.sampler, depth=cfg.data.prefetch_depth,
