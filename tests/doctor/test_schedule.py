@@ -6,6 +6,7 @@ import numpy as np
 from blockdraft import schedule as shared
 from blockdraft.config import NoiseConfig, OptimConfig, total_updates, total_warmup_steps
 from blockdraft.doctor import schedule
+from blockdraft.doctor.records import run_from_records
 from blockdraft.doctor.run import LoggedRun, StepTable
 
 
@@ -60,3 +61,13 @@ def test_the_doctor_derives_the_warmup_the_trainer_applies():
     for optim in (OptimConfig(warmup_ratio=0.07), OptimConfig(warmup_steps=5)):
         run = _run({}, {"optim": optim.model_dump(mode="json"), "train": {"epochs": 0.3, "steps_per_epoch": 101}})
         assert schedule.warmup_steps(run) == total_warmup_steps(optim, total_updates(None, 0.3, 101))
+
+
+def test_steps_per_epoch_measured_from_the_epoch_field_is_the_whole_number_the_trainer_used():
+    """A log without total_steps or steps_per_epoch: 1,500 updates an epoch, read off epoch + epoch_progress
+    (a fitted slope, so 1/slope is a hair under 1,500), gives the trainer's 2.5 epochs x 1,500 updates."""
+    per_epoch = 1500
+    recs = [{"kind": "run_start", "time": 0.0, "step": 0, "config": {"train": {"epochs": 2.5}}}]
+    recs += [{"kind": "step", "time": float(k), "step": k, "loss": 1.0, "epoch": (k - 1) // per_epoch,
+              "epoch_progress": ((k - 1) % per_epoch + 1) / per_epoch} for k in range(1, 3001)]
+    assert schedule.total_steps(run_from_records(recs)) == total_updates(None, 2.5, per_epoch) == 3750

@@ -20,7 +20,7 @@ import numpy as np
 
 from blockdraft.doctor import stats
 from blockdraft.doctor.detectors import diagnose, settings
-from blockdraft.doctor.detectors.timing import stall_threshold
+from blockdraft.doctor.detectors.timing import checkpoint_stall_limit
 from blockdraft.doctor.findings import SEVERITY_RANK, Finding
 from blockdraft.doctor.records import apply_mapping, run_from_records
 from blockdraft.telemetry.log import NONFINITE, decode_record
@@ -129,7 +129,7 @@ class LiveDoctor:
         stall = record.get("stall_s")
         times = [t for r in list(self._steps)[-200:] if isinstance(t := r.get("step_time"), int | float)]
         typical = stats.typical_step_time(np.array(times, dtype=np.float64))
-        if not isinstance(stall, int | float) or stall < stall_threshold(typical):
+        if not isinstance(stall, int | float) or stall < checkpoint_stall_limit(typical):
             return []
         step = int(record.get("step", 0))
         finding = Finding(

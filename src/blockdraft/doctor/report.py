@@ -6,10 +6,9 @@ import base64
 import html
 from pathlib import Path
 
-import numpy as np
-
 from blockdraft.doctor import charts
 from blockdraft.doctor.console import describe, unchecked
+from blockdraft.doctor.context import Context
 from blockdraft.doctor.findings import Finding, severity_counts
 from blockdraft.doctor.run import LoggedRun
 
@@ -82,7 +81,7 @@ def _fmt(value: object) -> str:
 
 
 def _charts(run: LoggedRun, findings: list[Finding]) -> list[tuple[str, bytes]]:
-    per = "per step" if _per_step(run) else "per record (each the average of a window of steps)"
+    per = "per record (each the average of a window of steps)" if Context(run).windowed else "per step"
     coloured = " (colour = length bucket)" if (run.steps.bucket >= 0).any() else ""
     made = [
         ("loss", charts.metric_chart(run, findings, "loss", f"loss {per}{coloured}", log_y=True)),
@@ -99,8 +98,3 @@ def _charts(run: LoggedRun, findings: list[Finding]) -> list[tuple[str, bytes]]:
     ]
     return [(caption, png) for caption, png in made if png is not None]
 
-
-def _per_step(run: LoggedRun) -> bool:
-    """One record per optimizer step (our logs); a windowed monitor's records average several."""
-    steps = run.steps.steps
-    return len(steps) < 2 or bool(np.median(np.diff(steps)) <= 1 and np.mean(np.diff(steps) > 1) < 0.2)

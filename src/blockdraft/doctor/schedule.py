@@ -30,8 +30,9 @@ def total_steps(run: LoggedRun) -> int | None:
     epochs = run.setting("train", "epochs")
     if not isinstance(epochs, int | float) or epochs <= 0:
         return None
-    rise = epochs_per_step(run)
-    per_epoch = _positive_int(run.setting("train", "steps_per_epoch")) or (_positive_int(1 / rise) if rise else None)
+    per_epoch = _positive_int(run.setting("train", "steps_per_epoch"))
+    if per_epoch is None and (rise := epochs_per_step(run)) > 0:
+        per_epoch = _positive_int(round(1 / rise))  # a fitted slope: 1/rise is 1499.9..., not 1499
     return total_updates(None, float(epochs), per_epoch) if per_epoch else None
 
 

@@ -20,7 +20,7 @@ ROUND_STEPS = 500
 WARMUP_UPDATES = 20  # a process compiles its graphs in its first updates; later growth is a recompile
 
 
-def stall_threshold(seconds_per_step: float) -> float:
+def checkpoint_stall_limit(seconds_per_step: float) -> float:
     """How long a checkpoint may hold the loop before it is a stall: 10 s, or 5 typical updates."""
     return max(CHECKPOINT_STALL_S, 5.0 * seconds_per_step) if math.isfinite(seconds_per_step) else CHECKPOINT_STALL_S
 
@@ -49,7 +49,7 @@ def checkpoint_stall(ctx: Context) -> Iterator[Finding]:
     ckpts = [r for r in ctx.run.of_kind("checkpoint") if isinstance(r.get("step"), int | float)]
     if not ckpts or ctx.n < 2:
         return
-    threshold = stall_threshold(ctx.seconds_per_step)
+    threshold = checkpoint_stall_limit(ctx.seconds_per_step)
     gaps, prev = _gaps(ctx), ctx.prev_step
     ck_steps = np.array([float(r["step"]) for r in ckpts])
     row_after = np.searchsorted(ctx.step, ck_steps, side="right")
@@ -110,7 +110,7 @@ def logging_gap(ctx: Context) -> Iterator[Finding]:
     explained |= _at_gap_start(ctx.marker_steps("eval"), prev, ctx.stride)
     explained |= _compiled(ctx) > 0  # late_recompile reports these
     lost = gaps["missing"] > 0
-    stalled = gaps["excess"] >= _stall_threshold(ctx)
+    stalled = gaps["excess"] >= _unexplained_stall_s(ctx)
     rows = np.flatnonzero((lost | stalled) & ~explained)
     pure_stall = rows[~lost[rows]]
     periodic, period = _periodic(prev[pure_stall], ctx.stride)
@@ -136,7 +136,9 @@ def _gap_severity(ctx: Context, rows: np.ndarray) -> str:
     return "warning" if (excess.max() >= long_stall or len(rows) >= 3 or costly) else "info"
 
 
-def _stall_threshold(ctx: Context) -> float:
+def _unexplained_stall_s(ctx: Context) -> float:
+    """Excess seconds over a gap's expected time that make it a stall of training, not of logging
+    (a checkpoint's stall has its own limit, `checkpoint_stall_limit`)."""
     sec = ctx.seconds_per_step
     return max(UNEXPLAINED_STALL_S, 10.0 * sec) if math.isfinite(sec) else math.inf
 
@@ -145,7 +147,7 @@ def _gap_finding(ctx: Context, rows: np.ndarray, severity: str, period: int | No
     gaps, prev = _gaps(ctx), ctx.prev_step
     lost = gaps["missing"][rows] > 0
     missing = int(gaps["missing"][rows].sum())
-    stall_rows = rows[gaps["excess"][rows] >= _stall_threshold(ctx)]
+    stall_rows = rows[gaps["excess"][rows] >= _unexplained_stall_s(ctx)]
     only_logging = int(np.sum(lost & ~np.isin(rows, stall_rows)))
     spans = [(int(prev[r]), int(ctx.step[r])) for r in rows]
     gap_s = ctx.dtime[rows]
