@@ -28,7 +28,7 @@ class StepTable:
     bucket_row: np.ndarray
     segment: np.ndarray
     skip_reasons: dict[int, str] = field(default_factory=dict)
-    acc_per_pos: np.ndarray | None = None
+    positions: int | None = None  # entries of the latest acc_per_pos list (block size - 1)
 
     def __len__(self) -> int:
         return len(self.segment)
@@ -112,6 +112,6 @@ class LoggedRun:
         size = self.setting("drafter", "block_size")
         if isinstance(size, int | float) and size >= 2:
             return int(size)
-        if self.steps.acc_per_pos is not None and len(self.steps.acc_per_pos) >= 1:
-            return len(self.steps.acc_per_pos) + 1
+        if self.steps.positions:
+            return self.steps.positions + 1
         return None
