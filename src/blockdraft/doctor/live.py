@@ -23,9 +23,8 @@ from blockdraft.doctor.detectors import DETECTORS, Detector, diagnose, settings
 from blockdraft.doctor.detectors.timing import checkpoint_stall_limit
 from blockdraft.doctor.findings import SEVERITY_RANK, Finding
 from blockdraft.doctor.records import apply_mapping, run_from_records
+from blockdraft.doctor.run import GUARDED
 from blockdraft.telemetry.log import NONFINITE, decode_record
-
-WATCHED = ("loss", "grad_norm")
 
 
 class LiveDoctor:
@@ -111,7 +110,7 @@ class LiveDoctor:
     def _immediate(self, record: dict[str, Any]) -> list[Finding]:
         flagged = record.get(NONFINITE)
         flagged = flagged if isinstance(flagged, list) else []
-        bad = [name for name in WATCHED
+        bad = [name for name in GUARDED
                if name in flagged or (isinstance(v := record.get(name), float) and not math.isfinite(v))]
         if not bad:
             return []

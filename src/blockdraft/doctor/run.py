@@ -13,6 +13,7 @@ import numpy as np
 
 NAN_SUFFIX = "!nan"
 NAN_WATCH = ("loss", "grad_norm", "acc", "lr", "tau_est", "kl")  # fields whose non-finite values are counted
+GUARDED = ("loss", "grad_norm")  # the fields the trainer's finite-value guard checks (train/guard.py)
 HF_KEYS = ("train/global_step", "train/learning_rate", "train/epoch")
 MISSING_BUCKET = -1
 MIXED_BUCKET = -2
