@@ -154,9 +154,8 @@ def timing_chart(run: LoggedRun, findings: list[Finding]) -> bytes | None:
         if t.has(name):
             x, y = _reduce(t.steps, t.get(name), "max")
             ax.plot(x, np.where(y > 0, y, np.nan), lw=0.7, color=color, alpha=0.8, label=f"{name} (s)")
-    for rec in run.of_kind("checkpoint")[:500]:
-        if isinstance(rec.get("step"), int | float):
-            ax.axvline(rec["step"], color="grey", lw=0.4, alpha=0.5)
+    for step in Context(run).marker_steps("checkpoint")[:500]:
+        ax.axvline(step, color="grey", lw=0.4, alpha=0.5)
     ax.set_yscale("log")
     ax.legend(loc="upper right", fontsize=7)
     _shade(ax, findings, ("checkpoint_stall", "logging_gap", "data_wait", "throughput_drift"))
