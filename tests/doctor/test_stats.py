@@ -17,7 +17,7 @@ def test_bucket_fit_recovers_offsets_even_with_long_runs():
     t = np.arange(len(groups))
     true = np.array([-0.3, 0.0, 0.4])
     y = np.log(1 + 5 * np.exp(-t / 800)) + true[groups] + 0.05 * rng.standard_normal(len(t))
-    fit = stats.bucket_fit(y, groups, 25)
+    fit = stats.bucket_fit(y, groups, 25, segment=np.zeros(len(y), dtype=np.int64))
     got = np.array([fit.offset[groups == g][0] for g in range(3)])
     assert np.allclose(got - got.mean(), true - true.mean(), atol=0.03)
     assert abs(np.median(fit.sigma) - 0.05) < 0.02

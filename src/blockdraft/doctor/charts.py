@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from blockdraft.doctor import schedule, stats
+from blockdraft.doctor.context import Context
 from blockdraft.doctor.findings import Finding
 from blockdraft.doctor.run import LoggedRun
 
@@ -123,7 +124,7 @@ def lr_chart(run: LoggedRun, findings: list[Finding]) -> bytes | None:
     noise_std = t.get("noise_std")
     if t.has("noise_std") and (np.nanmax(np.abs(noise_std)) > 0 or (run.setting("noise", "std") or 0) > 0):
         ax2 = ax.twinx()
-        xn, yn = _reduce(t.steps, t.get("noise_std"))
+        xn, yn = _reduce(t.steps, noise_std)
         ax2.plot(xn, yn, lw=0.8, color="#2ca02c", label="noise std (logged)")
         noise = schedule.expected_noise(run, xn)
         if noise is not None:
@@ -153,9 +154,8 @@ def timing_chart(run: LoggedRun, findings: list[Finding]) -> bytes | None:
         if t.has(name):
             x, y = _reduce(t.steps, t.get(name), "max")
             ax.plot(x, np.where(y > 0, y, np.nan), lw=0.7, color=color, alpha=0.8, label=f"{name} (s)")
-    for rec in run.of_kind("checkpoint")[:500]:
-        if isinstance(rec.get("step"), int | float):
-            ax.axvline(rec["step"], color="grey", lw=0.4, alpha=0.5)
+    for step in Context(run).marker_steps("checkpoint")[:500]:
+        ax.axvline(step, color="grey", lw=0.4, alpha=0.5)
     ax.set_yscale("log")
     ax.legend(loc="upper right", fontsize=7)
     _shade(ax, findings, ("checkpoint_stall", "logging_gap", "data_wait", "throughput_drift"))
@@ -185,8 +185,7 @@ def bucket_chart(run: LoggedRun) -> bytes | None:
     seq = t.bucket_seq
     if len(seq) < 10:
         return None
-    plt = _plt()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 2.8), gridspec_kw={"width_ratios": [4, 1]})
+    fig, (ax, ax2) = _plt().subplots(1, 2, figsize=(11, 2.8), gridspec_kw={"width_ratios": [4, 1]})
     fig.subplots_adjust(left=0.08, right=0.97, top=0.88, bottom=0.17, wspace=0.2)
     starts, lengths, _ = stats.runs(seq)
     centre = int(starts[np.argmax(lengths)] + lengths.max() // 2)
@@ -209,10 +208,7 @@ def bucket_chart(run: LoggedRun) -> bytes | None:
 
 def bucket_hist_chart(run: LoggedRun) -> bytes | None:
     """Per-bucket histograms of loss relative to the run's shared trend: separate humps are loss modes."""
-    from blockdraft.doctor.context import Context
-
-    ctx = Context(run)
-    fit = ctx.loss_fit
+    fit = Context(run).loss_fit
     if fit is None or len(fit.labels) < 2:
         return None
     fig, ax = _axes("loss by length bucket (relative to the run's trend)", "steps", 2.8)

@@ -100,10 +100,7 @@ def _match(dotted: tuple[str, ...]) -> str | None:
     leaf = dotted[-1]
     if any("noise" in part.lower() for part in dotted[:-1]) and leaf in NOISE_LEAVES:
         return NOISE_LEAVES[leaf]
-    for ours, names in SETTINGS.items():
-        if leaf in names:
-            return ours
-    return None
+    return next((ours for ours, names in SETTINGS.items() if leaf in names), None)
 
 
 def _normalise(config: dict[str, Any]) -> None:

@@ -54,10 +54,8 @@ class Finding:
 
 def _clean_number(value: Any) -> float | int | None:
     """Evidence is numbers only; non-finite values become None so the JSON stays valid."""
-    if isinstance(value, bool):
+    if isinstance(value, int):  # a bool too: 1 or 0
         return int(value)
-    if isinstance(value, int):
-        return value
     value = float(value)
     if not math.isfinite(value):
         return None

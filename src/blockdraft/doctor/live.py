@@ -19,13 +19,12 @@ from typing import Any
 import numpy as np
 
 from blockdraft.doctor import stats
-from blockdraft.doctor.detectors import diagnose, settings
+from blockdraft.doctor.detectors import DETECTORS, Detector, diagnose, settings
 from blockdraft.doctor.detectors.timing import checkpoint_stall_limit
 from blockdraft.doctor.findings import SEVERITY_RANK, Finding
 from blockdraft.doctor.records import apply_mapping, run_from_records
+from blockdraft.doctor.run import GUARDED
 from blockdraft.telemetry.log import NONFINITE, decode_record
-
-WATCHED = ("loss", "grad_norm")
 
 
 class LiveDoctor:
@@ -67,7 +66,7 @@ class LiveDoctor:
             new += self._checkpoint(record)
         if not self._config_checked and self.run_start is not None and len(self._steps) >= 2:
             self._config_checked = True
-            new += self._analyse(only_config=True)
+            new += self._analyse((settings.optimizer_betas, settings.loss_decay_gamma))
         return new
 
     def analyse(self) -> list[Finding]:
@@ -111,7 +110,7 @@ class LiveDoctor:
     def _immediate(self, record: dict[str, Any]) -> list[Finding]:
         flagged = record.get(NONFINITE)
         flagged = flagged if isinstance(flagged, list) else []
-        bad = [name for name in WATCHED
+        bad = [name for name in GUARDED
                if name in flagged or (isinstance(v := record.get(name), float) and not math.isfinite(v))]
         if not bad:
             return []
@@ -140,7 +139,7 @@ class LiveDoctor:
         )
         return [finding] if self._fresh(finding) else []
 
-    def _analyse(self, only_config: bool = False) -> list[Finding]:
+    def _analyse(self, detectors: tuple[Detector, ...] = DETECTORS) -> list[Finding]:
         recs = [self.run_start] if self.run_start is not None else []
         first = self._steps[0].get("step", 0) if self._steps else 0
         recs += [  # the `data` record describes the whole run, whatever the window
@@ -148,9 +147,7 @@ class LiveDoctor:
             if r.get("kind") == "data" or (isinstance(r.get("step"), int | float) and r["step"] >= first)
         ]
         recs += list(self._steps)
-        run = run_from_records(recs)
-        found = diagnose(run, (settings.optimizer_betas, settings.loss_decay_gamma)) if only_config else diagnose(run)
-        return [f for f in found if self._fresh(f)]
+        return [f for f in diagnose(run_from_records(recs), detectors) if self._fresh(f)]
 
 
 def tail_records(

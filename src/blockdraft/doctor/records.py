@@ -62,14 +62,12 @@ def _parse_lines(data: bytes, mapping: dict[str, str], source: str) -> LoggedRun
             decoded: list[Any] = many.decode(b"[" + b",".join(chunk) + b"]")
         except msgspec.DecodeError:
             decoded = [_decode_row(one, raw, resolved) for raw in chunk]
-            for i, row in enumerate(decoded):
-                if row is None and chunk[i].strip():
-                    if lo + i == line_count - 1:
-                        truncated = True
-                    else:
-                        bad_lines += 1
         for i, row in enumerate(decoded):
-            if row is None:
+            if row is None:  # only from the line-by-line fallback
+                if chunk[i].strip() and lo + i == line_count - 1:
+                    truncated = True
+                elif chunk[i].strip():
+                    bad_lines += 1
                 continue
             kind = row.kind
             # `kind == "step"` first: the common case, without building the metric generator per row
@@ -143,7 +141,7 @@ def _row_struct(resolved: dict[str, str]) -> type:
 
 
 def _tail_profiles(lines: list[bytes], row_lines: list[int], key: str | None) -> list[Any]:
-    """acc_per_pos of the last step rows only: the profile is a recent mean, and lists cost to decode."""
+    """acc_per_pos of the last step rows only: only the latest list's length is read, and lists cost to decode."""
     if key is None:
         return []
     recs = (decode_record(lines[line_no]) for line_no in row_lines[-PROFILE_ROWS:])
@@ -236,13 +234,12 @@ def _assemble(values: dict[str, list[Any]], lines: np.ndarray, others: list[dict
     if world is not None:
         cols["world_size"] = world
     reasons = {i: str(r) for i, r in enumerate(values.get("skip_reason", [])) if r}
-    profiles = values.get("acc_per_pos", [])[-PROFILE_ROWS:]
     run_start = records["run_start"][-1] if records.get("run_start") else None
     config = run_start.get("config") if run_start else None
     config = config if isinstance(config, dict) else None
     table = StepTable(
-        cols=cols, bucket=bucket, bucket_seq=bucket_seq, bucket_row=bucket_row,
-        segment=_segments(cols["step"], lines, records), skip_reasons=reasons, acc_per_pos=_mean_profile(profiles),
+        cols=cols, bucket=bucket, bucket_seq=bucket_seq, bucket_row=bucket_row, skip_reasons=reasons,
+        segment=_segments(cols["step"], lines, records), positions=_positions(values["acc_per_pos"]),
     )
     return LoggedRun(source=source, steps=table, run_start=run_start, config=config, records=records)
 
@@ -276,13 +273,9 @@ def _bucket_columns(values: list[Any], n: int) -> tuple[np.ndarray, np.ndarray, 
     return bucket, np.array(seq, dtype=np.int64), np.array(rows, dtype=np.int64)
 
 
-def _mean_profile(profiles: list[Any]) -> np.ndarray | None:
-    good = [p for p in profiles if isinstance(p, list) and p]
-    if not good:
-        return None
-    width = len(good[-1])
-    rows = [[_number(v) for v in p] for p in good if len(p) == width]
-    return np.nanmean(np.array(rows, dtype=np.float64), axis=0)
+def _positions(profiles: list[Any]) -> int | None:
+    """Entries of the latest acc_per_pos list in the last PROFILE_ROWS step rows: the block size - 1."""
+    return next((len(p) for p in reversed(profiles[-PROFILE_ROWS:]) if isinstance(p, list) and p), None)
 
 
 def _world_sizes(lines: np.ndarray, records: dict[str, list[dict[str, Any]]]) -> np.ndarray | None:

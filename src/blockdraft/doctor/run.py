@@ -13,6 +13,7 @@ import numpy as np
 
 NAN_SUFFIX = "!nan"
 NAN_WATCH = ("loss", "grad_norm", "acc", "lr", "tau_est", "kl")  # fields whose non-finite values are counted
+GUARDED = ("loss", "grad_norm")  # the fields the trainer's finite-value guard checks (train/guard.py)
 HF_KEYS = ("train/global_step", "train/learning_rate", "train/epoch")
 MISSING_BUCKET = -1
 MIXED_BUCKET = -2
@@ -28,7 +29,7 @@ class StepTable:
     bucket_row: np.ndarray
     segment: np.ndarray
     skip_reasons: dict[int, str] = field(default_factory=dict)
-    acc_per_pos: np.ndarray | None = None
+    positions: int | None = None  # entries of the latest acc_per_pos list (block size - 1)
 
     def __len__(self) -> int:
         return len(self.segment)
@@ -112,6 +113,6 @@ class LoggedRun:
         size = self.setting("drafter", "block_size")
         if isinstance(size, int | float) and size >= 2:
             return int(size)
-        if self.steps.acc_per_pos is not None and len(self.steps.acc_per_pos) >= 1:
-            return len(self.steps.acc_per_pos) + 1
+        if self.steps.positions:
+            return self.steps.positions + 1
         return None

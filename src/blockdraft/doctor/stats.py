@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 MAD_TO_SIGMA = 1.4826
 MAX_LONG_JUMPS = 20000  # bucket changes whose jump is measured as a median of 5 rows each side
@@ -45,20 +46,17 @@ def block_medians(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     if full >= 2 and 0 < rest < size / 2:
         full -= 1
         rest += size
-    meds, centres = [], []
-    if full:
-        head = x[: full * size].reshape(full, size)
-        with np.errstate(all="ignore"):
-            meds.append(_nanmedian_rows(head))
-        centres.append(np.arange(full) * size + (size - 1) / 2.0)
+    with np.errstate(all="ignore"):
+        meds = nanmedian_rows(x[: full * size].reshape(full, size))
+    centres = np.arange(full) * size + (size - 1) / 2.0
     if rest:
-        tail = x[full * size :]
-        meds.append(np.array([finite_median(tail)]))
-        centres.append(np.array([full * size + (rest - 1) / 2.0]))
-    return np.concatenate(meds), np.concatenate(centres)
+        meds = np.append(meds, finite_median(x[full * size :]))
+        centres = np.append(centres, full * size + (rest - 1) / 2.0)
+    return meds, centres
 
 
-def _nanmedian_rows(rows: np.ndarray) -> np.ndarray:
+def nanmedian_rows(rows: np.ndarray) -> np.ndarray:
+    """The median of each row ignoring NaN, NaN for a row without a finite value (and no warning)."""
     if np.isfinite(rows).all():
         return np.median(rows, axis=1)
     out = np.full(len(rows), np.nan)
@@ -73,16 +71,13 @@ def smooth_trend(x: np.ndarray, size: int, extrapolate: bool = True) -> np.ndarr
     (extrapolated at both ends, so the steep first steps of a run are not judged against a flat level;
     a scale must not be, or its falling tail reaches the floor and every last row looks extreme)."""
     n = len(x)
-    if n == 0:
-        return np.zeros(0)
     meds, centres = block_medians(x, size)
     ok = np.isfinite(meds)
     if not ok.any():
         return np.full(n, np.nan)
     meds, centres = meds[ok], centres[ok]
     if len(meds) >= 3:
-        padded = np.concatenate([meds[:1], meds, meds[-1:]])
-        meds = np.median(np.stack([padded[:-2], padded[1:-1], padded[2:]]), axis=0)
+        meds = np.median(sliding_window_view(np.pad(meds, 1, mode="edge"), 3), axis=1)
     level = np.interp(np.arange(n), centres, meds)
     if extrapolate and len(meds) >= 2:
         rows = np.arange(n)
@@ -104,7 +99,7 @@ class BucketFit:
     sigma: np.ndarray
 
 
-def bucket_fit(y: np.ndarray, groups: np.ndarray, size: int, segment: np.ndarray | None = None) -> BucketFit:
+def bucket_fit(y: np.ndarray, groups: np.ndarray, size: int, segment: np.ndarray) -> BucketFit:
     """Fit log-metric = shared trend + constant offset per bucket, and a rolling MAD scale: a spike is judged
     against its own bucket's level. Offsets come from the jumps at bucket changes (the trend barely moves in one
     step), so they stay right even when buckets arrive in runs long enough for a smoother to follow them."""
@@ -129,9 +124,9 @@ def bucket_fit(y: np.ndarray, groups: np.ndarray, size: int, segment: np.ndarray
 
 
 def transition_offsets(
-    y: np.ndarray, groups: np.ndarray, k: int, segment: np.ndarray | None = None
+    y: np.ndarray, groups: np.ndarray, k: int, segment: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-group level offsets (weighted mean 0) from the median jump at each change of group.
+    """Per-group level offsets (weighted mean 0) from the median jump at each change of group within a segment.
 
     Returns the offsets and which groups were pinned down by enough transitions.
     """
@@ -145,37 +140,27 @@ def transition_offsets(
     left_end = right - 1
     jump = y[right] - y[left_end]
     long_both = (lengths[:-1] >= 5) & (lengths[1:] >= 5)
-    idx = np.flatnonzero(long_both)[:MAX_LONG_JUMPS]
-    for i in idx:
-        lo = max(starts[i], left_end[i] - 4)
-        jump[i] = np.nanmedian(y[right[i] : right[i] + 5]) - np.nanmedian(y[lo : left_end[i] + 1])
-    good = np.isfinite(jump)
-    if segment is not None:
-        good &= segment[right] == segment[left_end]
+    for i in np.flatnonzero(long_both)[:MAX_LONG_JUMPS]:
+        r = right[i]
+        jump[i] = np.nanmedian(y[r : r + 5]) - np.nanmedian(y[r - 5 : r])
+    good = np.isfinite(jump) & (segment[right] == segment[left_end])
     a, b, jump = a[good], b[good], jump[good]
-    if not len(jump):
-        return offsets, known
     pair = a * k + b
     order = np.argsort(pair, kind="stable")
-    pair, jump, a, b = pair[order], jump[order], a[order], b[order]
-    firsts = np.flatnonzero(np.concatenate([[True], pair[1:] != pair[:-1]]))
-    ends = np.concatenate([firsts[1:], [len(pair)]])
-    rows, rhs, weights = [], [], []
-    for f, e in zip(firsts, ends, strict=True):
-        if e - f < 2:
-            continue
-        row = np.zeros(k)
-        row[b[f]] += 1.0
-        row[a[f]] -= 1.0
-        rows.append(row)
-        rhs.append(float(np.median(jump[f:e])))
-        weights.append(np.sqrt(e - f))
-    if not rows:
+    a, b, jump = a[order], b[order], jump[order]
+    first, times, _ = runs(pair[order])
+    first, times = first[times >= 2], times[times >= 2]  # changes from a to b seen at least twice
+    if not len(first):
         return offsets, known
-    mat = np.array(rows) * np.array(weights)[:, None]
-    vec = np.array(rhs) * np.array(weights)
+    rows = np.zeros((len(first), k))
+    rows[np.arange(len(first)), b[first]] = 1.0
+    rows[np.arange(len(first)), a[first]] = -1.0
+    rhs = np.array([np.median(jump[f : f + t]) for f, t in zip(first, times, strict=True)])
+    weights = np.sqrt(times)
+    mat = rows * weights[:, None]
+    vec = rhs * weights
     counts = np.bincount(groups[np.isfinite(y)], minlength=k).astype(float)
-    involved = (np.abs(np.array(rows)) > 0).any(axis=0)
+    involved = rows.any(axis=0)
     share = np.where(involved, counts, 0.0)
     share = share / share.sum() if share.sum() > 0 else share
     mat = np.vstack([mat, share * len(rows)])

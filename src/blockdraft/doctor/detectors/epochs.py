@@ -54,8 +54,7 @@ def epoch_accounting(ctx: Context) -> Iterator[Finding]:
         evidence["total_steps"] = float(total)
         if abs(implied_total / total - 1) > 0.1:
             problems.append(f"progress implies {implied_total:.0f} total steps but run_start says {total:.0f}")
-    first = ctx.run.of_kind("run_start")[:1]  # the segment checked here is the first run's
-    start = first[0] if first else (ctx.run.run_start or {})
+    start = (ctx.run.of_kind("run_start") or [{}])[0]  # the segment checked here is the first run's
     bpe = start.get("batches_per_epoch")
     if isinstance(bpe, int | float) and bpe > 0 and math.isfinite(implied_spe):
         accum = ctx.run.setting("train", "grad_accum") or 1

@@ -3,6 +3,7 @@ real speculative decoding (tau_gap), and one earned by passing over too little d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -64,23 +65,22 @@ def data_repetition(ctx: Context) -> Iterator[Finding]:
     progress = ctx.t.get("epoch_progress")
     passes = epoch[ok] + np.where(np.isfinite(progress[ok]), progress[ok], 0.0)
     done = float(np.max(passes))
-    data = ctx.run.of_kind("data")
-    samples = data[-1].get("samples_used") if data else None
-    small = isinstance(samples, int | float) and 0 < samples < SMALL_DATA
+    samples = (ctx.run.of_kind("data") or [{}])[-1].get("samples_used")
+    samples = float(samples) if isinstance(samples, int | float) else math.nan
+    small = 0 < samples < SMALL_DATA
     if done < MANY_EPOCHS and not (small and done >= RECIPE_EPOCHS * 2 / 3):
         return
     severe = done >= MANY_EPOCHS or (small and done >= 0.95 * RECIPE_EPOCHS)
     tau = ctx.t.get("tau_est")
     rows = np.flatnonzero(ok & np.isfinite(tau))
-    last_tau = float(np.median(tau[rows[-50:]])) if len(rows) else float("nan")
-    of = f" over {int(samples):,} samples" if isinstance(samples, int | float) else ""
+    last_tau = float(np.median(tau[rows[-50:]])) if len(rows) else math.nan
+    of = f" over {int(samples):,} samples" if math.isfinite(samples) else ""
     steps = ctx.step[np.flatnonzero(ok)]
     yield Finding(
         code="data_repetition", severity="warning" if severe else "info", steps=(int(steps[0]), int(steps[-1])),
         summary=(f"{done:.1f} passes{of}: training tau_est ({last_tau:.2f} at the end) is measured on samples "
                  "the drafter has seen many times"),
-        evidence={"epochs": done, "samples": float(samples) if isinstance(samples, int | float) else float("nan"),
-                  "tau_est_last": last_tau},
+        evidence={"epochs": done, "samples": samples, "tau_est_last": last_tau},
         advice=(f"Regenerate answers for more prompts (the recipe makes {RECIPE_EPOCHS} passes over ~800K) or "
                 "train fewer epochs; measure tau on held-out prompts (eval.prompts with train.eval_every, or "
                 "blockdraft eval) rather than trusting tau_est."),

@@ -65,9 +65,7 @@ def data_wait(ctx: Context) -> Iterator[Finding]:
     w, s = np.clip(wait[rows], 0, None), st[rows]
     total_share = float(w.sum() / s.sum())
     size = max(25, len(rows) // 100)
-    nb = len(rows) // size
-    if nb == 0:
-        return
+    nb = len(rows) // size  # >= 2 blocks: at least 50 rows
     share = w[: nb * size].reshape(nb, size).sum(1) / s[: nb * size].reshape(nb, size).sum(1)
     hot = share >= 0.2
     stretches = [(a, b) for a, b in stats.events(hot, max_gap=1) if (b - a + 1) >= max(2, nb // 20)]
@@ -121,9 +119,7 @@ def throughput_drift(ctx: Context) -> Iterator[Finding]:
             y[sel] -= np.median(y[sel])
     rows = np.flatnonzero(ok)
     rows = rows[int(0.02 * len(rows)) :]
-    k = len(rows) // 5
-    if k < 20:
-        return
+    k = len(rows) // 5  # >= 39 rows: at least 196 after the first 2%
     early, late = float(np.median(y[rows[:k]])), float(np.median(y[rows[-k:]]))
     ratio = math.exp(late - early)
     meds, centres = stats.block_medians(y[rows], max(1, len(rows) // 10))

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from blockdraft.config import LR_SHAPES
+from blockdraft.config import LR_SHAPES, default_gamma
 from blockdraft.doctor import schedule, stats
 from blockdraft.doctor.context import Context
 from blockdraft.doctor.detectors.training import spike_events
@@ -256,8 +256,6 @@ def loss_decay_gamma(ctx: Context) -> Iterator[Finding]:
     block = ctx.run.block_size
     if weighting not in (None, "exp_decay") or not isinstance(gamma, int | float) or block is None:
         return
-    from blockdraft.config import default_gamma
-
     expected = default_gamma(block)
     if abs(gamma / expected - 1.0) <= 0.2:
         return

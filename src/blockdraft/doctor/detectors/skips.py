@@ -10,7 +10,7 @@ import numpy as np
 from blockdraft.doctor import stats
 from blockdraft.doctor.context import Context
 from blockdraft.doctor.findings import Finding, plural
-from blockdraft.doctor.run import NAN_WATCH
+from blockdraft.doctor.run import GUARDED, NAN_WATCH
 
 
 def nonfinite(ctx: Context) -> Iterator[Finding]:
@@ -53,7 +53,7 @@ def nonfinite(ctx: Context) -> Iterator[Finding]:
 def skipped_steps(ctx: Context) -> Iterator[Finding]:
     t = ctx.t
     skipped = t.get("skipped") > 0
-    for name in ("loss", "grad_norm"):  # those are nonfinite's
+    for name in GUARDED:  # a skip for a non-finite loss or grad norm is nonfinite's
         skipped &= ~t.nonfinite(name)
     rows = np.flatnonzero(skipped)
     rollbacks = ctx.run.of_kind("rollback")

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from blockdraft.doctor import stats
 from blockdraft.doctor.context import Context, shared
@@ -67,15 +68,11 @@ def level_drops(ctx: Context) -> tuple[list[Event], str]:
         usable = block_level >= max(0.02, 0.25 * top)
     events: list[Event] = []
     if len(meds) > CLIFF_PRE_BLOCKS + 2:
-        windows = np.lib.stride_tricks.sliding_window_view(meds, CLIFF_PRE_BLOCKS)[:-1]
+        pre = np.full(len(meds), np.nan)
         with np.errstate(all="ignore"):
-            pre = np.full(len(meds), np.nan)
-            pre[CLIFF_PRE_BLOCKS:] = (
-                np.nanmedian(windows, axis=1) if np.isnan(windows).any() else np.median(windows, axis=1)
-            )
-        ok_run = np.lib.stride_tricks.sliding_window_view(usable, CLIFF_PRE_BLOCKS)[:-1].all(axis=1)
+            pre[CLIFF_PRE_BLOCKS:] = stats.nanmedian_rows(sliding_window_view(meds, CLIFF_PRE_BLOCKS)[:-1])
         usable_pre = np.zeros(len(meds), dtype=bool)
-        usable_pre[CLIFF_PRE_BLOCKS:] = ok_run
+        usable_pre[CLIFF_PRE_BLOCKS:] = sliding_window_view(usable, CLIFF_PRE_BLOCKS)[:-1].all(axis=1)
         nxt = np.append(meds[1:], np.nan)
         with np.errstate(invalid="ignore"):
             candidate = usable_pre & ((np.fmax(meds, nxt) <= pre - drop) | (meds <= pre - drop - DEEP_EXTRA))
