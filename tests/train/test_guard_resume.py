@@ -34,7 +34,7 @@ def test_a_guard_restored_through_a_checkpoint_file_refuses_what_the_original_re
     restored = StepGuard(GuardConfig(min_history=MIN_HISTORY, spike_k=10))
     restored.load_state_dict(torch.load(tmp_path / "trainer.pt", weights_only=True)["guard"])
     assert StepGuard(GuardConfig(min_history=MIN_HISTORY, spike_k=10)).check(0, spike, 0.5) is None  # no history
-    assert restored.consecutive == guard.consecutive == 1
+    assert restored.state_dict()["consecutive"] == guard.state_dict()["consecutive"] == 1
     assert restored.check(0, spike, 0.5) == guard.check(0, spike, 0.5) == "loss_spike"
     assert restored.state_dict() == guard.state_dict()
 

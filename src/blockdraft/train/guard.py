@@ -39,11 +39,6 @@ class StepGuard:
         self._refused: list[str] = []  # batch ids of this run of refusals: this process's, not train state
 
     @property
-    def consecutive(self) -> int:
-        """Steps refused in a row since the last applied one."""
-        return self._consecutive
-
-    @property
     def must_roll_back(self) -> bool:
         return self._consecutive >= self.cfg.max_consecutive_skips
 
