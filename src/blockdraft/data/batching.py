@@ -117,10 +117,6 @@ class BatchSampler:
 
     def __init__(self, lengths: np.ndarray, cfg: DataConfig, seed: int, rank: int = 0, world_size: int = 1,
                  grad_accum: int = 1, costs: SampleCosts | None = None):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside world_size {world_size}")
-        if grad_accum < 1:
-            raise ValueError(f"grad_accum must be at least 1, not {grad_accum}")
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if len(self.lengths) == 0:
             raise UserError("no samples to batch")
