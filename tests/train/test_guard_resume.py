@@ -12,7 +12,7 @@ from blockdraft.config import GuardConfig
 from blockdraft.telemetry.log import read_log
 from blockdraft.train import loop
 from blockdraft.train.checkpoint import committed_checkpoints
-from blockdraft.train.guard import StepGuard, batch_id
+from blockdraft.train.guard import StepGuard
 from blockdraft.train.loop import Trainer
 from blockdraft.train.loss import summarize
 
@@ -53,7 +53,7 @@ def _plant_spike(monkeypatch, trainer: Trainer, planted: list[str]) -> None:
     train_step, current = trainer.train_step, []
 
     def tracked(micro_batches):
-        current[:] = [batch_id(mb.epoch, mb.index_in_epoch) for mb in micro_batches]
+        current[:] = [mb.batch_id for mb in micro_batches]
         if not planted:
             seen = {e["bucket"]: len(e["values"]) for e in trainer.guard.state_dict()["history"]
                     if e["metric"] == "loss"}

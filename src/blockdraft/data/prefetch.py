@@ -36,6 +36,11 @@ class Batch:
     padded_tokens: int
     passes: Any = None  # filled by the consumer's `prepare` hook, in the prefetch thread
 
+    @property
+    def batch_id(self) -> str:
+        """The batch's identity in the (seeded, fingerprinted) batch plan: stable across resumes."""
+        return f"{self.epoch}:{self.index_in_epoch}"
+
 
 def collate(dataset: TokenizedDataset, planned: PlannedBatch, batches_per_epoch: int, pin: bool) -> Batch:
     ids_list = [int(i) for i in planned.sample_ids]

@@ -26,11 +26,6 @@ from typing import Any
 from blockdraft.config import GuardConfig
 
 
-def batch_id(epoch: int, index_in_epoch: int) -> str:
-    """A batch's identity in the (seeded, fingerprinted) batch plan: stable across resumes."""
-    return f"{epoch}:{index_in_epoch}"
-
-
 class StepGuard:
     def __init__(self, cfg: GuardConfig) -> None:
         self.cfg = cfg
