@@ -69,7 +69,7 @@ class Prefetcher:
         self.dataset = dataset
         self.prepare = prepare
         self.sampler = sampler
-        self.depth = max(1, depth)
+        self.depth = depth
         self.pin = bool(pin_memory) and torch.cuda.is_available()
         self._state = sampler.state_dict()
         self._thread: threading.Thread | None = None
