@@ -28,8 +28,16 @@ def masked_segments(tok, ids: np.ndarray, mask: np.ndarray) -> list[str]:
     return segments
 
 
+def encode_one(encoder, record):
+    """(ids, mask, truncated) of one record; a bad one raises its BadRecord."""
+    (result,) = encoder.encode_many([record])
+    if isinstance(result, BadRecord):
+        raise result
+    return result
+
+
 def encode(tok, messages, thinking=False, max_len=4096, overlong="truncate"):
-    return SampleEncoder(tok, thinking, max_len, overlong).encode(Chat(messages))
+    return encode_one(SampleEncoder(tok, thinking, max_len, overlong), Chat(messages))
 
 
 def conversation(turns: list[str], system: str | None) -> list[dict[str, str]]:
@@ -93,10 +101,10 @@ def test_template_errors_and_text_and_truncation(qwen_tok):
     assert bad.value.reason == "template_error"
 
     enc = SampleEncoder(qwen_tok, False, 8, "truncate")
-    ids, mask, truncated = enc.encode(Text("def add(a, b):\n    return a + b\n"))
+    ids, mask, truncated = encode_one(enc, Text("def add(a, b):\n    return a + b\n"))
     assert truncated and len(ids) == 8 and mask.all() and ids.dtype == np.int32 and mask.dtype == np.bool_
     with pytest.raises(BadRecord) as bad:
-        SampleEncoder(qwen_tok, False, 8, "drop").encode(Text("def add(a, b):\n    return a + b\n"))
+        encode_one(SampleEncoder(qwen_tok, False, 8, "drop"), Text("def add(a, b):\n    return a + b\n"))
     assert bad.value.reason == "overlong"
 
 

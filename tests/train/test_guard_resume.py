@@ -12,7 +12,7 @@ from blockdraft.config import GuardConfig
 from blockdraft.telemetry.log import read_log
 from blockdraft.train import loop
 from blockdraft.train.checkpoint import committed_checkpoints
-from blockdraft.train.guard import StepGuard, batch_id
+from blockdraft.train.guard import StepGuard
 from blockdraft.train.loop import Trainer
 from blockdraft.train.loss import summarize
 
@@ -34,7 +34,7 @@ def test_a_guard_restored_through_a_checkpoint_file_refuses_what_the_original_re
     restored = StepGuard(GuardConfig(min_history=MIN_HISTORY, spike_k=10))
     restored.load_state_dict(torch.load(tmp_path / "trainer.pt", weights_only=True)["guard"])
     assert StepGuard(GuardConfig(min_history=MIN_HISTORY, spike_k=10)).check(0, spike, 0.5) is None  # no history
-    assert restored.consecutive == guard.consecutive == 1
+    assert restored.state_dict()["consecutive"] == guard.state_dict()["consecutive"] == 1
     assert restored.check(0, spike, 0.5) == guard.check(0, spike, 0.5) == "loss_spike"
     assert restored.state_dict() == guard.state_dict()
 
@@ -53,7 +53,7 @@ def _plant_spike(monkeypatch, trainer: Trainer, planted: list[str]) -> None:
     train_step, current = trainer.train_step, []
 
     def tracked(micro_batches):
-        current[:] = [batch_id(mb.epoch, mb.index_in_epoch) for mb in micro_batches]
+        current[:] = [mb.batch_id for mb in micro_batches]
         if not planted:
             seen = {e["bucket"]: len(e["values"]) for e in trainer.guard.state_dict()["history"]
                     if e["metric"] == "loss"}

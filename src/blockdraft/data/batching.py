@@ -66,11 +66,8 @@ def bucket_cuts(lengths: np.ndarray, buckets: list[int] | str) -> list[int]:
         return sorted({int(b) for b in buckets if int(b) > 0})
     s = np.sort(lengths.astype(np.int64))
     cum = np.cumsum(s)
-    cuts = set()
-    for k in range(1, AUTO_BUCKETS):
-        idx = int(np.searchsorted(cum, cum[-1] * k / AUTO_BUCKETS))
-        cuts.add(int(s[min(idx, len(s) - 1)]))
-    return sorted(c for c in cuts if c > s[0])
+    idx = np.searchsorted(cum, cum[-1] * np.arange(1, AUTO_BUCKETS) / AUTO_BUCKETS)
+    return sorted({int(c) for c in s[np.minimum(idx, len(s) - 1)] if c > s[0]})
 
 
 def pack_sorted(
@@ -117,10 +114,6 @@ class BatchSampler:
 
     def __init__(self, lengths: np.ndarray, cfg: DataConfig, seed: int, rank: int = 0, world_size: int = 1,
                  grad_accum: int = 1, costs: SampleCosts | None = None):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside world_size {world_size}")
-        if grad_accum < 1:
-            raise ValueError(f"grad_accum must be at least 1, not {grad_accum}")
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if len(self.lengths) == 0:
             raise UserError("no samples to batch")

@@ -20,7 +20,7 @@ class HFEngine:
     `chunk_tokens` at a time, so finished rows leave and queued prompts take their place instead of
     idling until the longest answer ends (the same greedy tokens, but for bf16 near-ties)."""
 
-    def __init__(self, target: str, tokenizer: Any, device: str, cache: str = "auto", chunk_tokens: int = 64):
+    def __init__(self, target: str, tokenizer: Any, device: str, cache: str, chunk_tokens: int):
         import torch
         from transformers import AutoModelForCausalLM
 

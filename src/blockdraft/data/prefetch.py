@@ -36,6 +36,11 @@ class Batch:
     padded_tokens: int
     passes: Any = None  # filled by the consumer's `prepare` hook, in the prefetch thread
 
+    @property
+    def batch_id(self) -> str:
+        """The batch's identity in the (seeded, fingerprinted) batch plan: stable across resumes."""
+        return f"{self.epoch}:{self.index_in_epoch}"
+
 
 def collate(dataset: TokenizedDataset, planned: PlannedBatch, batches_per_epoch: int, pin: bool) -> Batch:
     ids_list = [int(i) for i in planned.sample_ids]
@@ -64,7 +69,7 @@ class Prefetcher:
         self.dataset = dataset
         self.prepare = prepare
         self.sampler = sampler
-        self.depth = max(1, depth)
+        self.depth = depth
         self.pin = bool(pin_memory) and torch.cuda.is_available()
         self._state = sampler.state_dict()
         self._thread: threading.Thread | None = None

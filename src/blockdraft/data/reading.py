@@ -100,17 +100,25 @@ def _parse_turn(turn: Any) -> dict[str, str]:
     return {"role": canonical, "content": _content_text(turn[content_key])}
 
 
-def parse_record(obj: Any, fmt: str, require_assistant: bool = True) -> Record:
-    """Validate one decoded record; `fmt` is auto, messages, conversations or text.
-
-    `require_assistant=False` accepts prompt-only chats (regeneration writes their answers).
-    """
-    if not isinstance(obj, dict):
+def parse_item(item: bytes | Any, fmt: str, require_assistant: bool = True) -> Record:
+    """Validate one item: a raw JSONL line (bytes) or an already decoded record (Parquet row, array
+    item); `fmt` is auto, messages, conversations or text. `require_assistant=False` accepts
+    prompt-only chats (regeneration writes their answers)."""
+    if isinstance(item, bytes):
+        try:
+            text = item.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark on the first line
+        except UnicodeDecodeError:
+            raise BadRecord("invalid_utf8") from None
+        try:
+            item = json.loads(text)
+        except (json.JSONDecodeError, RecursionError):
+            raise BadRecord("malformed_json") from None
+    if not isinstance(item, dict):
         raise BadRecord("not_an_object")
-    key = next((k for k in FORMAT_KEYS if k in obj), None) if fmt == "auto" else fmt
-    if key not in obj:
+    key = next((k for k in FORMAT_KEYS if k in item), None) if fmt == "auto" else fmt
+    if key not in item:
         raise BadRecord("missing_field")
-    value = obj[key]
+    value = item[key]
     if key != "text" and isinstance(value, str):  # some exports store the turn list as a JSON string
         try:
             value = json.loads(value)
@@ -130,20 +138,6 @@ def parse_record(obj: Any, fmt: str, require_assistant: bool = True) -> Record:
     if require_assistant and not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
         raise BadRecord("no_assistant_tokens")
     return Chat(messages)
-
-
-def parse_item(item: bytes | Any, fmt: str, require_assistant: bool = True) -> Record:
-    """An item is a raw JSONL line (bytes) or an already decoded record (Parquet row, array item)."""
-    if isinstance(item, bytes):
-        try:
-            text = item.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark on the first line
-        except UnicodeDecodeError:
-            raise BadRecord("invalid_utf8") from None
-        try:
-            item = json.loads(text)
-        except (json.JSONDecodeError, RecursionError):
-            raise BadRecord("malformed_json") from None
-    return parse_record(item, fmt, require_assistant)
 
 
 Chunk = list[tuple[int, Any]]

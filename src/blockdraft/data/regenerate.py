@@ -20,7 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from blockdraft.data.reading import MANIFEST
+from blockdraft.config import DATA_FORMATS
+from blockdraft.data.reading import MANIFEST, BadRecord, Text, check_files, iter_records
+from blockdraft.device import DEVICES
 from blockdraft.errors import UserError, check_at_least
 
 MANIFEST_SETTINGS = ("format", "max_new_tokens", "temperature", "top_p", "thinking", "shard_size", "prompt_tokens",
@@ -29,9 +31,6 @@ GROUP_BATCHES = 4  # conversations handed to the engine at once, in batches: pro
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from blockdraft.config import DATA_FORMATS
-    from blockdraft.device import DEVICES
-
     parser.add_argument("--target", required=True, metavar="DIR", help="target model folder")
     parser.add_argument("--in", dest="inputs", required=True, nargs="+", metavar="FILE", help="input chats")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder (shards + manifest)")
@@ -94,8 +93,6 @@ def regenerate_batch(
 
 
 def _read_inputs(paths: list[Path], fmt: str, skipped: dict[str, int]) -> Iterator[tuple[str, list]]:
-    from blockdraft.data.reading import BadRecord, Text, iter_records
-
     for path in paths:
         for line, record in iter_records(path, fmt, require_assistant=False):
             if isinstance(record, BadRecord):
@@ -170,7 +167,6 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     from blockdraft.data.cache import file_digest
-    from blockdraft.data.reading import check_files
     from blockdraft.model.locate import locate_model
     from blockdraft.model.tokenizer import load_tokenizer
 

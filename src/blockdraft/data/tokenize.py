@@ -195,17 +195,10 @@ class SampleEncoder:
                 j += 1
         return mask
 
-    def encode(self, record: Record) -> tuple[np.ndarray, np.ndarray, bool]:
-        """(ids int32, loss mask bool, truncated) for one record, or BadRecord."""
-        (result,) = self.encode_many([record])
-        if isinstance(result, BadRecord):
-            raise result
-        return result
-
     def encode_many(self, records: list[Record]) -> list[tuple[np.ndarray, np.ndarray, bool] | BadRecord]:
-        """`encode` for many records, each result or BadRecord in order. Templates are rendered one by
-        one (Python); the texts then go to the Rust tokenizer in one `encode_batch` per kind, which
-        saves a call per record and uses every core where the tokenizer may run threads."""
+        """(ids int32, loss mask bool, truncated) or BadRecord for each record, in order. Templates are
+        rendered one by one (Python); the texts then go to the Rust tokenizer in one `encode_batch` per
+        kind, which saves a call per record and uses every core where the tokenizer may run threads."""
         prepared = [or_bad(self._prepare, record) for record in records]
         return [prep if isinstance(prep, BadRecord) else or_bad(self._finish, enc, *prep)
                 for prep, enc in zip(prepared, self._encode_texts(prepared), strict=True)]

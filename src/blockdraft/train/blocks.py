@@ -134,10 +134,6 @@ class Blocks:
     labels: torch.Tensor  # [V', B-1] long
     label_mask: torch.Tensor  # [V', B-1] bool (filler: all False)
 
-    @property
-    def block_size(self) -> int:
-        return self.tokens.shape[-1]
-
 
 def anchor_generator(seed: int, step: int, micro: int, part: int, device: torch.device) -> torch.Generator:
     """A stateless RNG for pass `part` of micro-batch `micro` (rank * grad_accum + its index on the rank)

@@ -105,7 +105,11 @@ def _commit(ckpt_root: Path, tmp: Path, step: int, manifest: dict[str, tuple[int
     marker.write_text(json.dumps({"step": step, "files": manifest}))
     _fsync(marker)
     _fsync(final)
-    _point_latest(ckpt_root, final)
+    latest = ckpt_root / ".latest.tmp"  # `latest` points at the new checkpoint: a symlink swapped atomically
+    latest.unlink(missing_ok=True)
+    latest.symlink_to(final.name)
+    os.replace(latest, ckpt_root / "latest")
+    _fsync(ckpt_root)
     shutil.rmtree(aside, ignore_errors=True)
     _prune(ckpt_root, keep_last)
     return final, sum(size for size, _ in manifest.values())
@@ -246,15 +250,6 @@ class Checkpointer:
         if damaged:
             raise UserError(f"no readable checkpoint under {self.root}")
         return None
-
-
-def _point_latest(ckpt_root: Path, target: Path) -> None:
-    link = ckpt_root / "latest"
-    tmp_link = ckpt_root / ".latest.tmp"
-    tmp_link.unlink(missing_ok=True)
-    tmp_link.symlink_to(target.name)
-    os.replace(tmp_link, link)
-    _fsync(ckpt_root)
 
 
 def _prune(ckpt_root: Path, keep_last: int) -> None:

@@ -26,22 +26,12 @@ from typing import Any
 from blockdraft.config import GuardConfig
 
 
-def batch_id(epoch: int, index_in_epoch: int) -> str:
-    """A batch's identity in the (seeded, fingerprinted) batch plan: stable across resumes."""
-    return f"{epoch}:{index_in_epoch}"
-
-
 class StepGuard:
     def __init__(self, cfg: GuardConfig) -> None:
         self.cfg = cfg
         self._history: dict[tuple[str, int], deque[float]] = defaultdict(lambda: deque(maxlen=cfg.window))
         self._consecutive = 0
         self._refused: list[str] = []  # batch ids of this run of refusals: this process's, not train state
-
-    @property
-    def consecutive(self) -> int:
-        """Steps refused in a row since the last applied one."""
-        return self._consecutive
 
     @property
     def must_roll_back(self) -> bool:

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from blockdraft.data.prefetch import Batch
 from blockdraft.doctor.live import LiveDoctor
 from blockdraft.train.budget import TimeBudget
-from blockdraft.train.guard import batch_id
 
 if TYPE_CHECKING:
     import torch
@@ -184,7 +183,7 @@ class GuardHook(Hook):
         if end.applied:
             return
         t, rec, k = self.trainer, end.metrics, self.trainer.step + 1
-        ids = [batch_id(mb.epoch, mb.index_in_epoch) for mb in end.micro]
+        ids = [mb.batch_id for mb in end.micro]
         t.log.write("skip", k, reason=rec["skip_reason"], batch_ids=ids, bucket=max(rec["buckets"]),
                     loss=rec["loss"], grad_norm=rec["grad_norm"])
         message = (f"step {k} skipped ({rec['skip_reason']}): loss {rec['loss']:.4g}, grad norm "

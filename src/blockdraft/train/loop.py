@@ -29,10 +29,9 @@ import torch
 from blockdraft import __version__
 from blockdraft.config import Config, dump_config, total_updates, total_warmup_steps
 from blockdraft.data.batching import BatchSampler
-from blockdraft.data.cache import TokenizedDataset, prepare_dataset
+from blockdraft.data.cache import prepare_dataset
 from blockdraft.data.cost import anchor_candidates, dataset_blocks, dataset_costs
 from blockdraft.data.prefetch import Batch, Prefetcher
-from blockdraft.data.report import DataReport
 from blockdraft.data.summary import data_record
 from blockdraft.device import pick_device
 from blockdraft.errors import UserError, make_dir
@@ -48,7 +47,7 @@ from blockdraft.telemetry.step_record import step_record
 from blockdraft.telemetry.trackers import open_trackers
 from blockdraft.train import distributed
 from blockdraft.train.checkpoint import Checkpointer, LoadedCheckpoint
-from blockdraft.train.guard import StepGuard, batch_id
+from blockdraft.train.guard import StepGuard
 from blockdraft.train.hooks import (
     EvalHook,
     GuardHook,
@@ -101,7 +100,11 @@ class Trainer:
                                                 bool(getattr(text_cfg, "tie_word_embeddings", False)), d.mask_token_id)
         if mask_note:
             self.note("mask_token_chosen", "info", mask_note)
-        self.dataset, self.data_report = self._prepare_data(self.tokenizer)
+        if not self.dp.is_main:  # rank 0 tokenises and fills the cache while the other ranks wait
+            distributed.barrier()
+        self.dataset, self.data_report = prepare_dataset(cfg.data, self.tokenizer)
+        if self.dp.is_main:
+            distributed.barrier()
 
         self.target, _, _ = load_target(folder, layer_ids, self.device, cfg.target.dtype)
         dcfg = drafter_config(text_cfg, d.num_layers, d.block_size, layer_ids, mask_id, d.intermediate_size,
@@ -117,8 +120,7 @@ class Trainer:
         self.sampler = BatchSampler(self.dataset.lengths, cfg.data, seed=cfg.train.seed, rank=self.rank,
                                     world_size=self.world, grad_accum=cfg.train.grad_accum,
                                     costs=dataset_costs(self.dataset, text_cfg, cfg, layer_ids, self.anchor_scan))
-        self.updates_per_epoch = max(1, self.sampler.batches_per_epoch // cfg.train.grad_accum)
-        self.total_steps = total_updates(cfg.train.max_steps, cfg.train.epochs, self.updates_per_epoch)
+        self.total_steps = total_updates(cfg.train.max_steps, cfg.train.epochs, self.sampler.updates_per_epoch)
         self.warmup_steps = total_warmup_steps(cfg.optim, self.total_steps)
         self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim, self.device)
         self.prefetcher = Prefetcher(self.dataset, self.sampler, depth=cfg.data.prefetch_depth,
@@ -145,15 +147,6 @@ class Trainer:
     @property
     def step(self) -> int:
         return self.state.step
-
-    def _prepare_data(self, tokenizer: Any) -> tuple[TokenizedDataset, DataReport]:
-        """Rank 0 tokenises and fills the cache while the other ranks wait; then they read it."""
-        if not self.dp.is_main:
-            distributed.barrier()
-        prepared = prepare_dataset(self.cfg.data, tokenizer)
-        if self.dp.is_main:
-            distributed.barrier()
-        return prepared
 
     def note(self, code: str, severity: str, message: str) -> None:
         """A `warning` record for the log (held until run_start is written at start-up) and a line on stderr."""
@@ -201,8 +194,7 @@ class Trainer:
         grad_norm = metrics["grad_norm"]
         # the whole update's buckets: every rank keys the guard alike, so all apply or skip the update
         buckets = distributed.rank_major([mb.bucket for mb in micro_batches], self.device)
-        reason = self.guard.check(max(buckets), metrics["loss"], grad_norm,
-                                  [batch_id(mb.epoch, mb.index_in_epoch) for mb in micro_batches])
+        reason = self.guard.check(max(buckets), metrics["loss"], grad_norm, [mb.batch_id for mb in micro_batches])
         if reason is None:
             self.optimizer.step()
             self.state.step = k
@@ -257,7 +249,7 @@ class Trainer:
         if not self.hot.warms_up:
             return
         t0 = time.time()
-        epochs = math.ceil(self.total_steps / self.updates_per_epoch)
+        epochs = math.ceil(self.total_steps / self.sampler.updates_per_epoch)
         blocks = dataset_blocks(self.dataset, self.cfg, self.anchor_scan)
         batches = self.hot.warmup_batches(self.dataset, self.sampler, blocks, epochs)
         passes = self.hot.warm_up(batches)
@@ -265,9 +257,9 @@ class Trainer:
             self.log.write("warmup", self.step, passes=passes, seconds=time.time() - t0,
                            graphs_compiled=graphs_compiled())
 
-    def _skip_listed(self, batch: Batch, bid: str) -> None:
-        self.log.write("skip", self.step + 1, reason="skip_list", batch_ids=[bid], bucket=batch.bucket, loss=None,
-                       grad_norm=None)
+    def _skip_listed(self, batch: Batch) -> None:
+        self.log.write("skip", self.step + 1, reason="skip_list", batch_ids=[batch.batch_id], bucket=batch.bucket,
+                       loss=None, grad_norm=None)
 
     def evaluate(self) -> ModeResult:
         """Speculative decoding on the held-out prompts. Every rank runs the same evaluation (no rank
@@ -301,7 +293,7 @@ class Trainer:
             versions={"blockdraft": __version__, "torch": torch.__version__, "python": platform.python_version()},
             world_size=self.world, device=str(self.device), resumed_from=self.resumed_from,
             total_steps=self.total_steps, warmup_steps=self.warmup_steps,
-            batches_per_epoch=self.sampler.batches_per_epoch // cfg.train.grad_accum,
+            batches_per_epoch=self.sampler.updates_per_epoch,
             drafter_params=sum(p.numel() for p in self.drafter.parameters()),
             target_layer_ids=self.drafter.target_layer_ids, mask_token_id=self.drafter.mask_token_id,
         )

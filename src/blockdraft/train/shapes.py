@@ -47,7 +47,7 @@ class ShapeClasses:
 
     block_size: int
     context_size: int  # C, a multiple of CONTEXT_QUANTUM
-    block_ratio: float = 2**0.125
+    block_ratio: float
 
     @classmethod
     def for_budget(cls, block_size: int, tokens_per_batch: int, block_ratio: float = 2**0.125) -> ShapeClasses:

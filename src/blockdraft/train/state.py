@@ -13,7 +13,6 @@ import torch
 
 from blockdraft.data.batching import BatchSampler
 from blockdraft.data.prefetch import Batch, Prefetcher
-from blockdraft.train.guard import batch_id
 
 
 @dataclass
@@ -64,14 +63,13 @@ class DataFeed:
         self.skip_list: set[str] = set()
         self.world_note: str | None = None
 
-    def next_update(self, on_skip: Callable[[Batch, str], None]) -> list[Batch]:
+    def next_update(self, on_skip: Callable[[Batch], None]) -> list[Batch]:
         """`grad_accum` micro-batches on the device; each one on the skip list goes to `on_skip` instead."""
         micro: list[Batch] = []
         while len(micro) < self.grad_accum:
             batch = self.prefetcher.next()
-            bid = batch_id(batch.epoch, batch.index_in_epoch)
-            if bid in self.skip_list:
-                on_skip(batch, bid)
+            if batch.batch_id in self.skip_list:
+                on_skip(batch)
             else:
                 micro.append(self.to_device(batch))
         return micro
