@@ -199,45 +199,37 @@ def default_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
     return [lo + round(i * (hi - lo) / (num_taps - 1)) for i in range(num_taps)]
 
 
-def _parse_value(text: str) -> Any:
-    """Override values are YAML scalars/lists: `lr=3e-4`, `betas=[0.9,0.95]`, `interleave=false`."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UserError(f"cannot parse override value {text!r}: {exc.problem}") from None
-
-
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Override values are YAML scalars/lists: `lr=3e-4`, `betas=[0.9,0.95]`, `interleave=false`."""
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UserError(f"override {item!r} is not of the form section.key=value")
         node = raw
-        parts = key.split(".")
-        for part in parts[:-1]:
+        *sections, leaf = key.split(".")
+        for part in sections:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
                 raise UserError(f"override {key!r}: {part!r} is not a section")
             node = child
-        node[parts[-1]] = _parse_value(value)
+        try:
+            node[leaf] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise UserError(f"cannot parse override value {value!r}: {exc.problem}") from None
     return raw
 
 
-def _format_validation_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "config"
-    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    if err["type"] == "extra_forbidden":
-        return f"config: unknown key {where!r}{more}"
-    return f"config: {where}: {err['msg']}{more}"
-
-
 def build_config(raw: dict[str, Any], overrides: list[str] | None = None) -> Config:
-    raw = apply_overrides(raw, list(overrides or []))
+    raw = apply_overrides(raw, overrides or [])
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        raise UserError(_format_validation_error(exc)) from None
+        errors = exc.errors()
+        where = ".".join(str(p) for p in errors[0]["loc"]) or "config"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        if errors[0]["type"] == "extra_forbidden":
+            raise UserError(f"config: unknown key {where!r}{more}") from None
+        raise UserError(f"config: {where}: {errors[0]['msg']}{more}") from None
 
 
 # Paths a config file may hold. Relative ones are read against the file's folder, so a config works

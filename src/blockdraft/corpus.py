@@ -69,15 +69,9 @@ def chunk_lines(text: str, max_chars: int) -> list[str]:
     return [p for p in pieces if p.strip()]
 
 
-def write_text_jsonl(files: list[Path], out: Path, max_chars: int) -> int:
-    """One {"text": chunk} line per chunk of each file; returns the number of lines written."""
-    count = 0
+def write_text_jsonl(files: list[Path], out: Path, max_chars: int) -> None:
+    """One {"text": chunk} line per chunk of each file (an unreadable file has none)."""
     with out.open("w", encoding="utf-8") as fh:
         for path in files:
-            text = read_source(path)
-            if text is None:
-                continue
-            for piece in chunk_lines(text, max_chars):
+            for piece in chunk_lines(read_source(path) or "", max_chars):
                 fh.write(json.dumps({"text": piece}) + "\n")
-                count += 1
-    return count

@@ -5,7 +5,7 @@ exact marginal under the target, sum_t1 p(t1) p(t2 | t1), with a fixed seed."""
 import pytest
 import torch
 
-from blockdraft.evaluate.sampling import next_tokens
+from blockdraft.evaluate.speculative import next_tokens
 from tests.evaluate.reference import tree_decode
 
 PROMPT = [5, 6, 7, 8, 9, 10]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-MIX_MEDIAN, MIX_SIGMA, MIX_MIN = 900, 0.8, 64
+MIX_MEDIAN, MIX_SIGMA, MIX_MIN = 900.0, 0.8, 64  # the bench verb's --mix-median and --mix-sigma defaults
 
 
 class SyntheticDataset:

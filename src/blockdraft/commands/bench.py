@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from blockdraft.bench.shapes import SHAPES
+    from blockdraft.bench.synthetic import MIX_MEDIAN, MIX_SIGMA
     from blockdraft.device import DEVICES
 
     p.add_argument("--target-shape", default="qwen3-8b", help=f"one of {', '.join(SHAPES)}")
@@ -36,8 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", default="full,mix", help="length profiles: full (all seq-len), mix (chat-like)")
     p.add_argument("--seq-len", type=int, default=3072)
     p.add_argument("--micro-batch", type=int, default=2, help="token budget = micro-batch x seq-len per micro-batch")
-    p.add_argument("--mix-median", type=float, default=900.0, help="median sample length of the mix profile")
-    p.add_argument("--mix-sigma", type=float, default=0.8, help="log-normal sigma of the mix profile's lengths")
+    p.add_argument("--mix-median", type=float, default=MIX_MEDIAN, help="median sample length of the mix profile")
+    p.add_argument("--mix-sigma", type=float, default=MIX_SIGMA, help="log-normal sigma of the mix profile's lengths")
     p.add_argument("--steps", type=int, default=None,
                    help="measured updates per profile (default 100 on a GPU, 20 on CPU)")
     p.add_argument("--warmup", type=int, default=None,

@@ -21,13 +21,13 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.train.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(args.checkpoint, with_training_state=False)
+    dtype = getattr(torch, args.dtype)
     if args.format == "speculators":
         from blockdraft.model.export_speculators import save_speculators, verifier_of
 
         name, archs = verifier_of(ckpt.path, args.verifier)
-        out = save_speculators(ckpt.drafter_state, ckpt.drafter_config, args.out, getattr(torch, args.dtype),
-                               name, archs)
+        out = save_speculators(ckpt.drafter_state, ckpt.drafter_config, args.out, dtype, name, archs)
     else:
-        out = save_drafter(ckpt.drafter_state, ckpt.drafter_config, args.out, getattr(torch, args.dtype))
+        out = save_drafter(ckpt.drafter_state, ckpt.drafter_config, args.out, dtype)
     print(f"exported {ckpt.path.name} -> {out}")
     return 0

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blockdraft.evaluate.sampling import next_tokens
-from blockdraft.evaluate.speculative import Decoder, Generation, trim_to_eos
+from blockdraft.evaluate.speculative import Decoder, Generation, next_tokens, trim_to_eos
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.target import Target
 

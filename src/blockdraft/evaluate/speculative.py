@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
-from blockdraft.evaluate.sampling import next_tokens
 from blockdraft.evaluate.static import DraftSlots, Graphs, SlotCache
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.target import Target
@@ -108,15 +108,22 @@ class Layout:
         prompts = prompts + [prompts[-1]] * (self.n - len(prompts))
         self.valid.zero_()
         lengths = torch.tensor([len(p) for p in prompts], device=device)
-        width = int(max(len(p) for p in prompts))
-        ids = torch.zeros((self.n, width), dtype=torch.long, device=device)
-        for i, p in enumerate(prompts):
-            ids[i, : len(p)] = torch.tensor(p, device=device)
+        ids = pad_sequence([torch.tensor(p, dtype=torch.long) for p in prompts], batch_first=True).to(device)  # [n, P]
+        width = ids.shape[1]
         positions = torch.arange(width, device=device).expand(self.n, width)
         logits, taps = self.target_step(target, tap)(ids, positions, self.slot_index[:width])
         self.valid[:, :width] = positions < lengths[:, None]
         self.length = width
         return logits[torch.arange(self.n, device=device), lengths - 1], taps, positions, lengths
+
+
+def next_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """logits: [L, V] -> one token per row, [L]: argmax at temperature 0, a sample from softmax(logits / T)
+    above (why sampled decoding stays lossless: evaluate/ddtree.py)."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
 def _done(out: list[int], max_new_tokens: int, eos_id: int | None) -> bool:

@@ -20,8 +20,7 @@ from blockdraft.model.drafter import DFlashDrafter
 
 
 def config_from_dict(data: dict) -> Qwen3Config:
-    data = {k: v for k, v in data.items() if k != "model_type"}
-    return Qwen3Config(**data)
+    return Qwen3Config(**{k: v for k, v in data.items() if k != "model_type"})
 
 
 def top_level_rope_theta(config: dict) -> dict:

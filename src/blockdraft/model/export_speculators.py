@@ -12,6 +12,7 @@ verifier), and so do we.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import torch
 
 from blockdraft.errors import UserError
 from blockdraft.model.export import config_from_dict, top_level_rope_theta, write_export
+from blockdraft.model.locate import locate_model
 
 SPECULATORS_VERSION = "0.9.0"  # the format written; what its config class and vLLM's reader accept
 # our drafter config keys that are not the transformer layer's (speculators' converter drops the same)
@@ -30,18 +32,13 @@ def verifier_of(checkpoint: Path, verifier: str | None) -> tuple[str, list[str]]
     read from its config.json when it can be found locally (else [])."""
     name = verifier
     if name is None:
-        info = checkpoint / "trainer.json"
         try:
-            name = json.loads(info.read_text())["config"]["target"]["path"]
+            name = json.loads((checkpoint / "trainer.json").read_text())["config"]["target"]["path"]
         except (OSError, KeyError, TypeError, json.JSONDecodeError):
             raise UserError(f"{checkpoint}: no target recorded; pass --verifier ID_OR_PATH") from None
     archs: list[str] = []
-    try:
-        from blockdraft.model.locate import locate_model
-
+    with contextlib.suppress(UserError, OSError, json.JSONDecodeError):
         archs = json.loads((locate_model(name) / "config.json").read_text()).get("architectures") or []
-    except (UserError, OSError, json.JSONDecodeError):
-        pass
     return str(name), list(archs)
 
 

@@ -164,14 +164,12 @@ class Target(nn.Module):
                 handle.remove()
 
     @torch.no_grad()
-    def features(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, final_hidden: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def features(self, input_ids: torch.Tensor, final_hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """input_ids: [n, T] right-padded (causal attention never lets a real token see padding).
         Returns taps [n, T, N*H] and, if final_hidden, the final normed hidden state [n, T, H]
         (for target logits, computed by the caller in chunks)."""
         with self._tapping(stop_early=not final_hidden, compiled=True) as captured:
-            out = self.backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+            out = self.backbone(input_ids=input_ids, use_cache=False)
         taps = torch.cat(captured, dim=-1)
         return taps, (out.last_hidden_state if final_hidden else None)
 

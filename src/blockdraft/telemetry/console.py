@@ -129,8 +129,8 @@ class TrainConsole:
         spent = time.time() - self._t0
         per_step = self.pace.seconds_per_step()
         eta = _duration(per_step * max(0, self.total - k)) if per_step is not None else "--"
-        pace = f"{per_step:.2f} s/step" if per_step is not None else "- s/step"
-        progress = f"step {k}/{self.total} {k / max(self.total, 1):.0%}  elapsed {_duration(spent)}  ETA {eta}  {pace}"
+        progress = (f"step {k}/{self.total} {k / max(self.total, 1):.0%}  elapsed {_duration(spent)}  ETA {eta}  "
+                    f"{or_dash(per_step, '.2f')} s/step")
         tok_s = self.pace.tokens_per_second()
         epoch = ""
         if "epoch" in rec:
