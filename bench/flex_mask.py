@@ -6,7 +6,8 @@ log-normal chat-like lengths, samples taken until the 6,144-token budget or 1,10
 classes), with a Qwen3-8B drafter layer's attention shapes (32 query heads, 8 key/value heads, head dim
 128, bf16). Each variant is compiled on its own and timed as the median of 20 calls after 3 (one layer's
 call; an update runs one per drafter layer):
-  package            `model/masks.flex_block_mask` and `flex_kernel_options` as the drafter calls them
+  package            `model/masks.flex_block_mask` and `model/drafter.flex_kernel_options` as the drafter
+                     calls them
   no tile hint       the same without `flex_kernel_options` (IS_DIVISIBLE left to inductor, which
                      proves it for static sizes only)
   sequence ids       the mask_mod of commit 15a383b: a key's sequence id compared with its block's
@@ -32,7 +33,8 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from blockdraft.bench.synthetic import SyntheticDataset
 from blockdraft.data.batching import PlannedBatch
 from blockdraft.data.prefetch import collate
-from blockdraft.model.masks import TILE, MaskMod, flex_block_mask, flex_kernel_options, intervals
+from blockdraft.model.drafter import flex_kernel_options
+from blockdraft.model.masks import TILE, MaskMod, flex_block_mask, intervals
 from blockdraft.train.blocks import Blocks, pack, row_blocks, sample_blocks
 from blockdraft.train.shapes import ShapeClasses
 
@@ -136,7 +138,7 @@ def main() -> None:
                "partial_tiles": int(package.kv_num_blocks.sum()), "full_tiles": int(package.full_kv_num_blocks.sum())}
         sequence_ids = with_mask_mod(package, by_sequence_ids(blocks.anchors, blocks.doc, packed.doc))
         constant_length = with_mask_mod(package, interval_with_constant_length(lo, hi, packed.doc.shape[0]))
-        hint = flex_kernel_options(q_len, kv_len)
+        hint = flex_kernel_options(package, q_len, kv_len)
         reference = None
         for name, dynamic, mask, options in (
             ("package, static", False, package, hint), ("package, dynamic", True, package, hint),

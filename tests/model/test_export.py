@@ -45,6 +45,8 @@ def test_trust_remote_code_loading_builds_this_drafter(tiny_config, tmp_path):
     from the folder alone; its forward (z-lab's arguments) equals the drafter's."""
     import os
     import stat
+    import subprocess
+    import sys
 
     from transformers import AutoModel
 
@@ -65,6 +67,23 @@ def test_trust_remote_code_loading_builds_this_drafter(tiny_config, tmp_path):
     with torch.no_grad():
         ours = drafter(noise, positions[:, 9:], drafter.fuse(taps), positions[:, :9])
         torch.testing.assert_close(model(position_ids=positions, noise_embedding=noise, target_hidden=taps), ours)
+
+    # A serving machine has torch and transformers but not blockdraft: the folder alone must load there.
+    saved = tmp_path / "inputs.pt"
+    torch.save({"positions": positions, "noise": noise, "taps": taps}, saved)
+    serve = (
+        "import sys; sys.modules['blockdraft'] = None\n"
+        "import torch; from transformers import AutoModel\n"
+        f"x = torch.load({str(saved)!r})\n"
+        f"m = AutoModel.from_pretrained({str(out)!r}, trust_remote_code=True, dtype=torch.float32).eval()\n"
+        "with torch.no_grad():\n"
+        "    y = m(position_ids=x['positions'], noise_embedding=x['noise'], target_hidden=x['taps'])\n"
+        f"torch.save(y, {str(tmp_path / 'served.pt')!r})\n"
+    )
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", serve], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    torch.testing.assert_close(torch.load(tmp_path / "served.pt"), ours)
 
 
 def test_an_output_folder_that_cannot_be_made_is_a_user_error(tmp_path):

@@ -97,16 +97,17 @@ def test_the_whole_tile_hint_is_given_only_for_whole_tiles_and_changes_no_output
     """IS_DIVISIBLE lets the flex kernels skip bounds checks: wrong unless both lengths are whole tiles."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    from blockdraft.model.masks import TILE, flex_block_mask, flex_kernel_options
+    from blockdraft.model.drafter import flex_kernel_options
+    from blockdraft.model.masks import TILE, flex_block_mask
 
-    assert flex_kernel_options(TILE, 3 * TILE) == {"IS_DIVISIBLE": True}
-    assert flex_kernel_options(TILE, 3 * TILE - 8) == {} and flex_kernel_options(TILE - 16, 2 * TILE) == {}
     b = 16
     anchors, block_doc = torch.tensor([3, 40, 100, 130, 200, 250, 10, 20]), torch.tensor([0, 0, 0, 1, 1, 1, 0, 0])
     context_doc = torch.tensor([0] * 128 + [1] * 128)
     mask = flex_block_mask(anchors, block_doc, context_doc, b)
+    assert flex_kernel_options(mask, TILE, 3 * TILE) == {"IS_DIVISIBLE": True}
+    assert flex_kernel_options(mask, TILE, 3 * TILE - 8) == {} and flex_kernel_options(mask, TILE - 16, 2 * TILE) == {}
     q, k = torch.randn(1, 4, 8 * b, 32), torch.randn(1, 2, 256 + 8 * b, 32)
-    hint = flex_kernel_options(q.shape[2], k.shape[2])
+    hint = flex_kernel_options(mask, q.shape[2], k.shape[2])
     assert hint == {"IS_DIVISIBLE": True}
     hinted = flex_attention(q, k, k, block_mask=mask, enable_gqa=True, kernel_options=hint)
     assert torch.equal(hinted, flex_attention(q, k, k, block_mask=mask, enable_gqa=True))

@@ -16,20 +16,25 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from torch.utils.checkpoint import checkpoint
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
-
-from blockdraft.model.masks import flex_kernel_options
 
 
 @functools.cache
 def flex_attention_fn(compiled: bool):
     """flex_attention only becomes a fused kernel under torch.compile (eager it materialises scores:
     on CPU, for tests only)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     return torch.compile(flex_attention) if compiled else flex_attention
+
+
+def flex_kernel_options(mask: BlockMask, q_len: int, kv_len: int) -> dict[str, bool]:
+    """Whole tiles of the mask on both sides (shape classes pad every compiled pass so) let the kernels
+    skip their bounds checks. Inductor proves that only for static sizes; after the first block class
+    dynamo compiles the drafter with symbolic ones, whose kernels would otherwise check every load."""
+    q_tile, kv_tile = mask.BLOCK_SIZE
+    return {"IS_DIVISIBLE": True} if q_len % q_tile == 0 and kv_len % kv_tile == 0 else {}
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -80,7 +85,7 @@ class DraftAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.nh != self.nkv)
         else:
             out = flex_attention_fn(q.is_cuda)(q, k, v, block_mask=mask, enable_gqa=self.nh != self.nkv,
-                                               kernel_options=flex_kernel_options(q_len, k.shape[2]))
+                                               kernel_options=flex_kernel_options(mask, q_len, k.shape[2]))
         return self.o_proj(out.transpose(1, 2).reshape(n, q_len, self.nh * self.hd))
 
 

@@ -49,13 +49,6 @@ def visibility(lo: torch.Tensor, hi: torch.Tensor, own: torch.Tensor, block_size
     return mask_mod
 
 
-def flex_kernel_options(q_len: int, kv_len: int) -> dict[str, bool]:
-    """Whole 128-wide tiles on both sides (shape classes pad every compiled pass so) let the kernels skip
-    their bounds checks. Inductor proves that only for static sizes; after the first block class dynamo
-    compiles the drafter with symbolic ones, whose kernels would otherwise check every load."""
-    return {"IS_DIVISIBLE": True} if q_len % TILE == 0 and kv_len % TILE == 0 else {}
-
-
 def dense_mask(
     anchors: torch.Tensor, block_doc: torch.Tensor, context_doc: torch.Tensor, block_size: int
 ) -> torch.Tensor:
