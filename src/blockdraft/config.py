@@ -24,6 +24,7 @@ LrShape = Literal["cosine", "linear", "constant"]
 LR_SHAPES: tuple[str, ...] = get_args(LrShape)  # in this order the doctor tries them, so a tie goes to the first
 DataFormat = Literal["auto", "messages", "conversations", "text"]
 DATA_FORMATS: tuple[str, ...] = get_args(DataFormat)  # "auto", then the record key each other format reads
+BLOCK_CLASS_RATIO = 2**0.125  # between block-count classes: 9% padding at most, 8 classes an octave
 
 
 class Section(BaseModel):
@@ -120,8 +121,8 @@ class TrainConfig(Section):
         "auto", description="pad each pass's packed length to the token budget and its block count to a "
         "bounded ladder, so a length mix compiles nothing after the warm-up (auto: when the drafter is "
         "compiled); train/shapes.py")
-    block_class_ratio: float = Field(2**0.125, ge=1, description="block-count ladder: multiples of 128/B blocks, "
-                                     "then this ratio between classes")
+    block_class_ratio: float = Field(BLOCK_CLASS_RATIO, ge=1, description="block-count ladder: multiples of "
+                                     "128/B blocks, then this ratio between classes")
     max_blocks_per_pass: int | None = Field(
         None, ge=1, description="split a micro-batch above this many blocks; default 1536 with flex attention "
         "(GPU), num_anchors with the dense mask (CPU), whose cost grows with the square of a pass")
@@ -282,10 +283,6 @@ def total_updates(max_steps: int | None, epochs: float, updates_per_epoch: int) 
     """Optimizer updates in a run: max_steps, else `epochs` epochs with a partial last epoch rounded up
     to a whole update. The trainer's length, and the doctor's for a log that does not state it."""
     return max_steps or max(1, math.ceil(epochs * updates_per_epoch))
-
-
-def total_warmup_steps(optim: OptimConfig, total_steps: int) -> int:
-    return warmup_updates(optim.warmup_steps, optim.warmup_ratio, total_steps)
 
 
 def warmup_updates(warmup_steps: int | None, warmup_ratio: float, total_steps: int) -> int:

@@ -4,7 +4,7 @@ import sys
 import numpy as np
 
 from blockdraft import schedule as shared
-from blockdraft.config import NoiseConfig, OptimConfig, total_updates, total_warmup_steps
+from blockdraft.config import NoiseConfig, OptimConfig, total_updates, warmup_updates
 from blockdraft.doctor import schedule
 from blockdraft.doctor.records import run_from_records
 from blockdraft.doctor.run import LoggedRun, StepTable
@@ -60,7 +60,8 @@ def test_a_run_of_partial_epochs_lasts_as_long_as_the_trainer_runs_it():
 def test_the_doctor_derives_the_warmup_the_trainer_applies():
     for optim in (OptimConfig(warmup_ratio=0.07), OptimConfig(warmup_steps=5)):
         run = _run({}, {"optim": optim.model_dump(mode="json"), "train": {"epochs": 0.3, "steps_per_epoch": 101}})
-        assert schedule.warmup_steps(run) == total_warmup_steps(optim, total_updates(None, 0.3, 101))
+        trainer = warmup_updates(optim.warmup_steps, optim.warmup_ratio, total_updates(None, 0.3, 101))
+        assert schedule.warmup_steps(run) == trainer
 
 
 def test_steps_per_epoch_measured_from_the_epoch_field_is_the_whole_number_the_trainer_used():

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     from blockdraft.config import load_config
     from blockdraft.device import pick_device
-    from blockdraft.evaluate.prompts import heldout_prompts
+    from blockdraft.evaluate.prompts import load_prompts
     from blockdraft.evaluate.runner import evaluate as evaluate_modes
     from blockdraft.model.export import load_drafter, save_drafter
     from blockdraft.model.target import load_target
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     export_dir = save_drafter(ckpt.drafter_state, ckpt.drafter_config, out / "export", torch.float32)
     drafter = load_drafter(export_dir, device)
     target, tokenizer, _ = load_target(cfg.target.path, drafter.target_layer_ids, device, cfg.target.dtype)
-    prompts = heldout_prompts(cfg.eval, tokenizer)
+    prompts = load_prompts(cfg.eval.prompts, tokenizer, cfg.eval)[0]
     (report,), _ = evaluate_modes(target, drafter, prompts, cfg.eval.max_new_tokens, tokenizer.eos_token_id, budgets=[],
                                   batch_size=cfg.eval.batch_size)
     steps_logged = [r for r in read_log(out / "log.jsonl") if r.get("kind") == "step"]

@@ -53,7 +53,3 @@ def load_prompts(
         reasons = ", ".join(f"{reason}: {count}" for reason, count in skipped.items()) or "no records"
         raise UserError(f"no usable prompt in {', '.join(files)} (skipped lines: {reasons})")
     return prompts, dict(skipped)
-
-
-def heldout_prompts(cfg: EvalConfig, tokenizer) -> list[list[int]]:
-    return load_prompts(cfg.prompts, tokenizer, cfg)[0]

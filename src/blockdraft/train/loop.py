@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from blockdraft import __version__
-from blockdraft.config import Config, dump_config, total_updates, total_warmup_steps
+from blockdraft.config import Config, dump_config, total_updates, warmup_updates
 from blockdraft.data.batching import BatchSampler
 from blockdraft.data.cache import prepare_dataset
 from blockdraft.data.cost import anchor_candidates, dataset_blocks, dataset_costs
@@ -35,7 +35,7 @@ from blockdraft.data.prefetch import Batch, Prefetcher
 from blockdraft.data.summary import data_record
 from blockdraft.device import pick_device
 from blockdraft.errors import UserError, make_dir
-from blockdraft.evaluate.prompts import heldout_prompts
+from blockdraft.evaluate.prompts import load_prompts
 from blockdraft.evaluate.runner import ModeResult
 from blockdraft.evaluate.runner import evaluate as evaluate_modes
 from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_target
@@ -121,7 +121,7 @@ class Trainer:
                                     world_size=self.world, grad_accum=cfg.train.grad_accum,
                                     costs=dataset_costs(self.dataset, text_cfg, cfg, layer_ids, self.anchor_scan))
         self.total_steps = total_updates(cfg.train.max_steps, cfg.train.epochs, self.sampler.updates_per_epoch)
-        self.warmup_steps = total_warmup_steps(cfg.optim, self.total_steps)
+        self.warmup_steps = warmup_updates(cfg.optim.warmup_steps, cfg.optim.warmup_ratio, self.total_steps)
         self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim, self.device)
         self.prefetcher = Prefetcher(self.dataset, self.sampler, depth=cfg.data.prefetch_depth,
                                      pin_memory=self.device.type == "cuda", prepare=self.hot.prepare)
@@ -140,7 +140,7 @@ class Trainer:
         if resume_from is not None:
             self.restore(resume_from)
             self.resumed_from = self.step
-        self.eval_prompts = heldout_prompts(cfg.eval, self.tokenizer) if cfg.eval.prompts else []
+        self.eval_prompts = load_prompts(cfg.eval.prompts, self.tokenizer, cfg.eval)[0] if cfg.eval.prompts else []
         self.stop_reason: str | None = None  # set by a signal: every rank stops after the same update
         self.last_eval: dict[str, Any] | None = None
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from blockdraft.config import BLOCK_CLASS_RATIO
 from blockdraft.model.masks import TILE
 
 CONTEXT_QUANTUM = 2 * TILE
@@ -50,7 +51,7 @@ class ShapeClasses:
     block_ratio: float
 
     @classmethod
-    def for_budget(cls, block_size: int, tokens_per_batch: int, block_ratio: float = 2**0.125) -> ShapeClasses:
+    def for_budget(cls, block_size: int, tokens_per_batch: int, block_ratio: float = BLOCK_CLASS_RATIO) -> ShapeClasses:
         return cls(block_size, size_class(tokens_per_batch, CONTEXT_QUANTUM, 1.0), block_ratio)
 
     @property
