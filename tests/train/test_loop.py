@@ -129,6 +129,17 @@ def test_in_training_eval_writes_measured_tau_beside_tau_est(tiny_config, tiny_c
         assert sum(e["tau_hist"]) > 0
 
 
+def test_skipped_held_out_prompt_lines_are_counted_in_the_log(tiny_config, tiny_corpus, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("{not json\n" + tiny_corpus.read_text().splitlines()[0] + "\n[1, 2]\n")
+    cfg = tiny_config(train={"max_steps": 1}, eval={"prompts": [str(prompts)], "max_new_tokens": 4})
+    result = Trainer(cfg, show_console=False).run()
+    (note,) = [r for r in read_log(result.run_dir / "log.jsonl") if r.get("code") == "eval_prompts_skipped"]
+    assert note["kind"] == "warning" and note["severity"] == "warning"
+    assert "malformed_json: 1" in note["message"] and "not_an_object: 1" in note["message"]
+    assert note["message"].endswith("; 1 kept")
+
+
 def test_the_trainer_has_everything_the_hooks_read_of_it(tiny_config):
     trainer = Trainer(tiny_config(train={"max_steps": 1}), show_console=False)
     trainer.run()

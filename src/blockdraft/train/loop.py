@@ -140,7 +140,13 @@ class Trainer:
         if resume_from is not None:
             self.restore(resume_from)
             self.resumed_from = self.step
-        self.eval_prompts = load_prompts(cfg.eval.prompts, self.tokenizer, cfg.eval)[0] if cfg.eval.prompts else []
+        self.eval_prompts: list[list[int]] = []
+        if cfg.eval.prompts:
+            self.eval_prompts, skipped = load_prompts(cfg.eval.prompts, self.tokenizer, cfg.eval)
+            if skipped:
+                reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(skipped.items()))
+                self.note("eval_prompts_skipped", "warning", f"held-out prompt lines skipped ({reasons}); "
+                          f"{len(self.eval_prompts)} kept")
         self.stop_reason: str | None = None  # set by a signal: every rank stops after the same update
         self.last_eval: dict[str, Any] | None = None
 
