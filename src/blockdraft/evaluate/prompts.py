@@ -27,6 +27,11 @@ def prompt_ids(rec: Chat | Text, encoder: SampleEncoder, tokenizer, cfg: EvalCon
     ]
 
 
+def skip_counts(skipped: dict[str, int]) -> str:
+    """`reason: count, ...`, the one wording of skipped prompt lines."""
+    return ", ".join(f"{reason}: {count}" for reason, count in skipped.items())
+
+
 def load_prompts(
     files: list[str], tokenizer, cfg: EvalConfig, thinking: bool = False
 ) -> tuple[list[list[int]], dict[str, int]]:
@@ -50,6 +55,6 @@ def load_prompts(
             if ids:
                 prompts.append(ids)
     if not prompts:
-        reasons = ", ".join(f"{reason}: {count}" for reason, count in skipped.items()) or "no records"
+        reasons = skip_counts(skipped) or "no records"
         raise UserError(f"no usable prompt in {', '.join(files)} (skipped lines: {reasons})")
     return prompts, dict(skipped)

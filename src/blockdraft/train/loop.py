@@ -35,7 +35,7 @@ from blockdraft.data.prefetch import Batch, Prefetcher
 from blockdraft.data.summary import data_record
 from blockdraft.device import pick_device
 from blockdraft.errors import UserError, make_dir
-from blockdraft.evaluate.prompts import load_prompts
+from blockdraft.evaluate.prompts import load_prompts, skip_counts
 from blockdraft.evaluate.runner import ModeResult
 from blockdraft.evaluate.runner import evaluate as evaluate_modes
 from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_target
@@ -144,9 +144,8 @@ class Trainer:
         if cfg.eval.prompts:
             self.eval_prompts, skipped = load_prompts(cfg.eval.prompts, self.tokenizer, cfg.eval)
             if skipped:
-                reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(skipped.items()))
-                self.note("eval_prompts_skipped", "warning", f"held-out prompt lines skipped ({reasons}); "
-                          f"{len(self.eval_prompts)} kept")
+                self.note("eval_prompts_skipped", "warning", f"held-out prompt lines skipped "
+                          f"({skip_counts(skipped)}); {len(self.eval_prompts)} kept")
         self.stop_reason: str | None = None  # set by a signal: every rank stops after the same update
         self.last_eval: dict[str, Any] | None = None
 
