@@ -64,6 +64,19 @@ def test_the_doctor_derives_the_warmup_the_trainer_applies():
         assert schedule.warmup_steps(run) == trainer
 
 
+def test_lengths_logged_as_infinity_or_nan_are_unknown_not_a_crash():
+    """A JSON log can hold Infinity and NaN where a length belongs; the doctor then derives the length
+    or goes without it."""
+    inf, nan = float("inf"), float("nan")
+    run = _run({"total_steps": inf, "warmup_steps": inf},
+               {"optim": {"warmup_steps": nan, "warmup_ratio": inf}, "train": {"epochs": inf, "max_steps": nan}})
+    assert schedule.total_steps(run) is None
+    assert schedule.warmup_steps(run) is None
+    run = _run({"warmup_steps": inf}, {"optim": {"warmup_ratio": 0.1}, "train": {"epochs": 1, "steps_per_epoch": 50}})
+    assert schedule.total_steps(run) == 50
+    assert schedule.warmup_steps(run) == warmup_updates(None, 0.1, 50)
+
+
 def test_steps_per_epoch_measured_from_the_epoch_field_is_the_whole_number_the_trainer_used():
     """A log without total_steps or steps_per_epoch: 1,500 updates an epoch, read off epoch + epoch_progress
     (a fitted slope, so 1/slope is a hair under 1,500), gives the trainer's 2.5 epochs x 1,500 updates."""

@@ -106,4 +106,4 @@ def print_report(run: LoggedRun, findings: list[Finding], console: Any = None) -
 
 def finding_line(f: Finding) -> str:
     """One plain line per finding, for `doctor --follow` (the trainer's console writes its own)."""
-    return f"[doctor] {f.severity.upper()} {f.code} @ steps {f.steps[0]}-{f.steps[1]}: {f.summary}"
+    return f"[doctor] {f.severity.upper()} {f.code} @ step {f.step_text()}: {f.summary}"

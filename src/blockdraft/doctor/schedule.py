@@ -15,10 +15,13 @@ from blockdraft.doctor.run import LoggedRun
 from blockdraft.schedule import lr_curve, noise_curve
 
 
+def _finite(value: object) -> bool:
+    """A logged number the doctor can compute with: JSON logs can hold true/false, NaN and Infinity."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _positive_int(value: object) -> int | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return int(value)
-    return None
+    return int(value) if _finite(value) and value > 0 else None
 
 
 def total_steps(run: LoggedRun) -> int | None:
@@ -28,7 +31,7 @@ def total_steps(run: LoggedRun) -> int | None:
     if known:
         return known
     epochs = run.setting("train", "epochs")
-    if not isinstance(epochs, int | float) or epochs <= 0:
+    if not _finite(epochs) or epochs <= 0:
         return None
     per_epoch = _positive_int(run.setting("train", "steps_per_epoch"))
     if per_epoch is None and (rise := epochs_per_step(run)) > 0:
@@ -54,11 +57,11 @@ def warmup_steps(run: LoggedRun) -> int | None:
     """Resolved warmup length: run_start's, else the trainer's rule (`config.warmup_updates`) on the
     config's warmup_steps or warmup_ratio."""
     for known in (run.run_value("warmup_steps"), run.setting("optim", "warmup_steps")):
-        if isinstance(known, int | float) and not isinstance(known, bool) and known >= 0:
+        if _finite(known) and known >= 0:
             return int(known)
     ratio = run.setting("optim", "warmup_ratio")
     total = total_steps(run)
-    if isinstance(ratio, int | float) and total:
+    if _finite(ratio) and total:
         return warmup_updates(None, float(ratio), total)
     return None
 
