@@ -163,8 +163,8 @@ def test_ranks_take_their_rank_major_share_of_every_update_and_cover_the_data(le
     for r, plan in enumerate(plans):
         for p in plan:
             update, within = divmod(p.index, accum)
-            assert p.slot == update * world * accum + r * accum + within
-            assert p.bucket == slots[p.slot][0] and np.array_equal(p.sample_ids, slots[p.slot][1])
+            slot = update * world * accum + r * accum + within
+            assert p.bucket == slots[slot][0] and np.array_equal(p.sample_ids, slots[slot][1])
     seen = np.concatenate([p.sample_ids for plan in plans for p in plan])
     assert set(seen.tolist()) == set(range(len(lengths)))
     distinct = {tuple(p.sample_ids.tolist()) for plan in plans for p in plan}

@@ -47,11 +47,10 @@ AUTO_BUCKETS = 6
 @dataclass(frozen=True)
 class PlannedBatch:
     """One micro-batch of this rank: which samples, from which bucket, at which place of the epoch
-    (`index` in this rank's plan, `slot` in the epoch's global sequence)."""
+    (`index` in this rank's plan)."""
 
     epoch: int
     index: int
-    slot: int
     bucket: int
     sample_ids: np.ndarray
     real_tokens: int
@@ -232,7 +231,7 @@ class BatchSampler:
                 if (slot % g) // a != self.rank:
                     continue
                 lens = self.lengths[ids]
-                plan.append(PlannedBatch(epoch, len(plan), slot, b, ids, int(lens.sum()), int(lens.max()) * len(ids),
+                plan.append(PlannedBatch(epoch, len(plan), b, ids, int(lens.sum()), int(lens.max()) * len(ids),
                                          batch_cost(ids, self.costs)))
             self._remember(self._plans, epoch, plan)
             return plan

@@ -233,11 +233,10 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 @dataclass
 class Levels:
-    """Distinct levels of a series: each row's level (0 = lowest) and each level's mean and share."""
+    """Distinct levels of a series: each row's level (0 = lowest) and each level's mean."""
 
     labels: np.ndarray
     means: np.ndarray
-    shares: np.ndarray
 
 
 def mixture_levels(x: np.ndarray) -> Levels | None:
@@ -266,7 +265,7 @@ def mixture_levels(x: np.ndarray) -> Levels | None:
     _, w, mu, sd = best
     labels = np.full(len(x), -1, dtype=np.int64)
     labels[ok] = np.argmax(_log_resp(x[ok], w, mu, sd), axis=1)
-    return Levels(labels=labels, means=mu, shares=w)
+    return Levels(labels=labels, means=mu)
 
 
 def _log_resp(v: np.ndarray, w: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
