@@ -15,6 +15,9 @@ call; an update runs one per drafter layer):
                      int), as first measured on 2026-12-02
   all tiles whole    every visited tile taken as full, no mask_mod: a wrong result, the bound of what
                      evaluating the mask costs
+  FlashAttention-4   the package's mask on FlashAttention-4's CuTe kernels (`train.flex_backend: flash`),
+                     when flash-attn-4 is installed; its output is compared with the first variant's
+                     as the largest absolute difference (another kernel's rounding)
 `static` compiles for the pass's shapes; `dynamic` with symbolic sizes, as dynamo compiles the drafter
 after the first block class (train/hotpath.py). Output is compared with the first variant's (exactly).
 
@@ -23,6 +26,7 @@ after the first block class (train/hotpath.py). Output is compared with the firs
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 
@@ -45,7 +49,7 @@ BUDGET, SEQ_LEN, ANCHORS, MAX_BLOCKS = 6144, 3072, 512, 1536
 def bench_pass(profile: str, seed: int, max_blocks: int, shapes: ShapeClasses) -> tuple:
     """The first samples of the profile's dataset that fit the token budget and `max_blocks`, packed."""
     data = SyntheticDataset(profile, SEQ_LEN, 1000, 400, seed=seed)
-    batch = collate(data, PlannedBatch(0, 0, 0, 0, np.arange(64), 0, 0, 0.0), 1, pin=False)  # 64 candidates
+    batch = collate(data, PlannedBatch(0, 0, 0, np.arange(64), 0, 0, 0.0), 1, pin=False)  # 64 candidates
     blocks = row_blocks(batch.loss_mask, batch.lengths, B, ANCHORS)  # [64]
     over = (batch.lengths.cumsum(0) > BUDGET) | (blocks.cumsum(0) - blocks >= max_blocks)
     n = int(over.nonzero()[0])  # the samples before the first that does not fit
@@ -146,11 +150,15 @@ def main() -> None:
             ("sequence ids, static", False, sequence_ids, {}), ("sequence ids, dynamic", True, sequence_ids, {}),
             ("interval, L const, static", False, constant_length, {}),
             ("all tiles whole (wrong), static", False, all_tiles_whole(package), {}),
+            *([("FlashAttention-4, static", False, package, flex_kernel_options(package, q_len, kv_len, "FLASH")),
+               ("FlashAttention-4, dynamic", True, package, flex_kernel_options(package, q_len, kv_len, "FLASH"))]
+              if importlib.util.find_spec("flash_attn") else []),
         ):
             forward, total, out = median_ms(torch.compile(flex_attention, dynamic=dynamic), mask, q, k, v, options)
             same = None if reference is None else bool(torch.equal(out, reference))
             reference = out if reference is None else reference
-            row[name] = {"forward_ms": round(forward, 3), "forward_backward_ms": round(total, 3), "same_output": same}
+            row[name] = {"forward_ms": round(forward, 3), "forward_backward_ms": round(total, 3), "same_output": same,
+                         "max_abs_diff": float((out.float() - reference.float()).abs().max())}
         results.append(row)
         print(json.dumps(row), flush=True)
 

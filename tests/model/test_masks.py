@@ -84,6 +84,7 @@ def test_the_block_mask_tiles_are_those_create_block_mask_finds_entry_by_entry()
         for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
                      "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
             assert torch.equal(getattr(ours, name), getattr(theirs, name)), (b, lengths, name)
+            assert getattr(ours, name).is_contiguous(), name  # FlashAttention-4 reads row-major tile lists only
         assert int(ours.full_kv_num_blocks.sum()) > 0 and int(ours.kv_num_blocks.sum()) > 0  # both kinds met
         # the intervals are the rule as stated, by sequence ids, entry by entry (fillers included)
         q, kv, zero = torch.arange(q_len)[:, None], torch.arange(kv_len)[None, :], torch.zeros(())

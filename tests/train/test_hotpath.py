@@ -4,6 +4,10 @@ path (dense SDPA mask) computes, and odd micro-batches do not break an update.""
 import pytest
 import torch
 
+from blockdraft.errors import UserError
+from blockdraft.model.drafter import flex_kernel_options
+from blockdraft.model.masks import flex_block_mask
+from blockdraft.train import hotpath
 from blockdraft.train.blocks import anchor_generator, sample_blocks
 from blockdraft.train.hotpath import HotPath, Pass
 from blockdraft.train.loop import Trainer
@@ -30,6 +34,31 @@ def test_flex_attention_path_equals_dense_mask_path(tiny_config):
         a = plain.micro_stats(part, blocks, 0.0, anchor_generator(0, 1, 0, 0, trainer.device))
         b = flex.micro_stats(part, blocks, 0.0, anchor_generator(0, 1, 0, 0, trainer.device))
     torch.testing.assert_close(stats_vector(b), stats_vector(a), rtol=1e-5, atol=1e-4)
+
+
+def test_the_flex_backend_setting_reaches_every_attention_layer(tiny_config, monkeypatch):
+    trainer = Trainer(tiny_config(train={"flex_backend": "flash"}), show_console=False)
+    trainer.prefetcher.close()
+    with pytest.raises(UserError, match="Hopper"):  # this machine has no GPU: refused before any compile
+        HotPath(trainer.target, trainer.drafter, trainer.cfg, trainer.device, fast=True)
+    monkeypatch.setattr(hotpath, "check_flash_attention", lambda device: None)
+    HotPath(trainer.target, trainer.drafter, trainer.cfg, trainer.device, fast=True)
+    attention = [layer.self_attn for layer in trainer.drafter.layers]
+    assert {a.flex_backend for a in attention} == {"FLASH"}
+    one_doc = torch.zeros(224, dtype=torch.long)
+    mask = flex_block_mask(torch.tensor([3, 40]), one_doc[:2], one_doc, 64)
+    assert flex_kernel_options(mask, 128, 352, "FLASH") == {"BACKEND": "FLASH"}
+    assert flex_kernel_options(mask, 128, 352, "TRITON") == {}  # 352 keys: not whole 128-wide tiles
+    triton = trainer.cfg.model_copy(update={"train": trainer.cfg.train.model_copy(update={"flex_backend": "triton"})})
+    HotPath(trainer.target, trainer.drafter, triton, trainer.device, fast=True)
+    assert {a.flex_backend for a in attention} == {"TRITON"}
+
+
+def test_flash_attention_is_refused_without_flash_attn_4(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(hotpath.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UserError, match="pip install flash-attn-4"):
+        hotpath.check_flash_attention(torch.device("cuda", 0))
 
 
 def test_a_micro_batch_without_any_anchor_adds_nothing(tiny_config):

@@ -29,10 +29,13 @@ def flex_attention_fn(compiled: bool):
     return torch.compile(flex_attention) if compiled else flex_attention
 
 
-def flex_kernel_options(mask: BlockMask, q_len: int, kv_len: int) -> dict[str, bool]:
-    """Whole tiles of the mask on both sides (shape classes pad every compiled pass so) let the kernels
-    skip their bounds checks. Inductor proves that only for static sizes; after the first block class
-    dynamo compiles the drafter with symbolic ones, whose kernels would otherwise check every load."""
+def flex_kernel_options(mask: BlockMask, q_len: int, kv_len: int, backend: str = "TRITON") -> dict[str, object]:
+    """FLASH: FlashAttention-4's kernels. TRITON: whole tiles of the mask on both sides (shape classes pad
+    every compiled pass so) let the kernels skip their bounds checks. Inductor proves that only for static
+    sizes; after the first block class dynamo compiles the drafter with symbolic ones, whose kernels would
+    otherwise check every load."""
+    if backend == "FLASH":
+        return {"BACKEND": "FLASH"}
     q_tile, kv_tile = mask.BLOCK_SIZE
     return {"IS_DIVISIBLE": True} if q_len % q_tile == 0 and kv_len % kv_tile == 0 else {}
 
@@ -56,6 +59,7 @@ class DraftAttention(nn.Module):
         self.o_proj = nn.Linear(self.nh * self.hd, h, bias=cfg.attention_bias)
         self.q_norm = Qwen3RMSNorm(self.hd, eps=cfg.rms_norm_eps)
         self.k_norm = Qwen3RMSNorm(self.hd, eps=cfg.rms_norm_eps)
+        self.flex_backend = "TRITON"  # flex attention's kernels (DFlashDrafter.use_flex_backend)
 
     def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [n, L, H] fused context features or block tokens -> K, V: [n, nkv, L, hd] (k_norm and
@@ -84,8 +88,9 @@ class DraftAttention(nn.Module):
         if mask is None or isinstance(mask, torch.Tensor):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.nh != self.nkv)
         else:
+            options = flex_kernel_options(mask, q_len, k.shape[2], self.flex_backend)
             out = flex_attention_fn(q.is_cuda)(q, k, v, block_mask=mask, enable_gqa=self.nh != self.nkv,
-                                               kernel_options=flex_kernel_options(mask, q_len, k.shape[2]))
+                                               kernel_options=options)
         return self.o_proj(out.transpose(1, 2).reshape(n, q_len, self.nh * self.hd))
 
 
@@ -120,6 +125,11 @@ class DFlashDrafter(nn.Module):
         self.rotary_emb = Qwen3RotaryEmbedding(cfg)
         self.checkpoint_layers = False  # activation checkpointing, for long contexts
         self.reset_parameters()
+
+    def use_flex_backend(self, backend: str) -> None:
+        """TRITON (torch's kernels) or FLASH (FlashAttention-4's: flash-attn-4 installed, Hopper or newer)."""
+        for layer in self.layers:
+            layer.self_attn.flex_backend = backend
 
     def reset_parameters(self) -> None:
         std = self.config.initializer_range

@@ -97,8 +97,9 @@ def flex_block_mask(
     partial = (per_tile > 0) & ~full
 
     def ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [rows, cols] -> counts, indices first
+        tiles = tiles.int().contiguous()  # row-major even for partial.T: FlashAttention-4 reads no other layout
         counts = tiles.sum(-1, dtype=torch.int32)
-        indices = torch.argsort(tiles.to(torch.int32), dim=-1, descending=True, stable=True).to(torch.int32)
+        indices = torch.argsort(tiles, dim=-1, descending=True, stable=True).to(torch.int32)
         return counts[None, None], indices[None, None]
 
     (kv_num, kv_idx), (full_kv_num, full_kv_idx) = ordered(partial), ordered(full)  # per query tile

@@ -16,6 +16,7 @@ before update 1: the forward sees a bounded set of shapes and has compiled them 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from torch.profiler import record_function
 from blockdraft.config import Config
 from blockdraft.data.batching import BatchSampler, PlannedBatch
 from blockdraft.data.prefetch import Batch, collate
+from blockdraft.errors import UserError
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.masks import dense_mask, flex_block_mask
 from blockdraft.model.target import Target
@@ -55,6 +57,20 @@ class Pass:
         ids = like.input_ids[:1, :1]  # [1, 1]
         packed = pack(ids.cpu(), torch.zeros(1, 1, dtype=torch.bool), torch.tensor([1]), block_size, 1, None, shapes)
         return Pass(ids, packed.to(ids.device))
+
+
+def check_flash_attention(device: torch.device) -> None:
+    """`train.flex_backend: flash` runs FlashAttention-4's CuTe kernels: the flash-attn-4 package and a
+    Hopper or newer GPU, else one clear line before any compile."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        raise UserError(f"train.flex_backend: flash needs a Hopper or newer GPU (this device: {device}); "
+                        "use triton")
+    try:
+        found = importlib.util.find_spec("flash_attn.cute") is not None
+    except ImportError:
+        found = False
+    if not found:
+        raise UserError("train.flex_backend: flash needs FlashAttention-4 (pip install flash-attn-4); use triton")
 
 
 def graphs_compiled() -> int:
@@ -161,6 +177,10 @@ class HotPath:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             target.compile_features()
         drafter.checkpoint_layers = cfg.train.activation_checkpointing
+        if self.attention == "flex":
+            if cfg.train.flex_backend == "flash":
+                check_flash_attention(device)
+            drafter.use_flex_backend(cfg.train.flex_backend.upper())
         self.module = module if module is not None else DraftForward(drafter)
         self.defer_sync = defer_sync
         self._forward: nn.Module | None = None  # compiled at the first call, when the fast path asks for it
@@ -243,7 +263,7 @@ class HotPath:
         for i in warmup_picks(rows, self.shapes, self.max_blocks):
             e, b, ids = plan[i]
             lengths = dataset.lengths[ids]
-            planned = PlannedBatch(e, i, i, b, ids, int(lengths.sum()), int(lengths.max()) * len(ids), 0.0)
+            planned = PlannedBatch(e, i, b, ids, int(lengths.sum()), int(lengths.max()) * len(ids), 0.0)
             out.append(collate(dataset, planned, 1, pin=False))
         return out
 
