@@ -37,11 +37,12 @@ def test_flex_attention_path_equals_dense_mask_path(tiny_config):
 
 
 def test_the_flex_backend_setting_reaches_every_attention_layer(tiny_config, monkeypatch):
-    trainer = Trainer(tiny_config(train={"flex_backend": "flash"}), show_console=False)
-    trainer.prefetcher.close()
-    with pytest.raises(UserError, match="Hopper"):  # this machine has no GPU: refused before any compile
-        HotPath(trainer.target, trainer.drafter, trainer.cfg, trainer.device, fast=True)
+    cfg = tiny_config(train={"flex_backend": "flash"})
+    with pytest.raises(UserError, match="Hopper"):  # this machine has no GPU: refused, not ignored
+        Trainer(cfg, show_console=False)
     monkeypatch.setattr(hotpath, "check_flash_attention", lambda device: None)
+    trainer = Trainer(cfg, show_console=False)
+    trainer.prefetcher.close()
     HotPath(trainer.target, trainer.drafter, trainer.cfg, trainer.device, fast=True)
     attention = [layer.self_attn for layer in trainer.drafter.layers]
     assert {a.flex_backend for a in attention} == {"FLASH"}

@@ -177,9 +177,9 @@ class HotPath:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             target.compile_features()
         drafter.checkpoint_layers = cfg.train.activation_checkpointing
+        if cfg.train.flex_backend == "flash":  # also for the plain path: asked for, never silently ignored
+            check_flash_attention(device)
         if self.attention == "flex":
-            if cfg.train.flex_backend == "flash":
-                check_flash_attention(device)
             drafter.use_flex_backend(cfg.train.flex_backend.upper())
         self.module = module if module is not None else DraftForward(drafter)
         self.defer_sync = defer_sync
