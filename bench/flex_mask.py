@@ -26,7 +26,6 @@ after the first block class (train/hotpath.py). Output is compared with the firs
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 
@@ -40,6 +39,7 @@ from blockdraft.data.prefetch import collate
 from blockdraft.model.drafter import flex_kernel_options
 from blockdraft.model.masks import TILE, MaskMod, flex_block_mask, intervals
 from blockdraft.train.blocks import Blocks, pack, row_blocks, sample_blocks
+from blockdraft.train.hotpath import flash_attention_installed
 from blockdraft.train.shapes import ShapeClasses
 
 B, HEADS, KV_HEADS, HEAD_DIM = 16, 32, 8, 128
@@ -142,7 +142,7 @@ def main() -> None:
                "partial_tiles": int(package.kv_num_blocks.sum()), "full_tiles": int(package.full_kv_num_blocks.sum())}
         sequence_ids = with_mask_mod(package, by_sequence_ids(blocks.anchors, blocks.doc, packed.doc))
         constant_length = with_mask_mod(package, interval_with_constant_length(lo, hi, packed.doc.shape[0]))
-        hint = flex_kernel_options(package, q_len, kv_len)
+        hint, flash = flex_kernel_options(package, q_len, kv_len), flex_kernel_options(package, q_len, kv_len, "FLASH")
         reference = None
         for name, dynamic, mask, options in (
             ("package, static", False, package, hint), ("package, dynamic", True, package, hint),
@@ -150,9 +150,8 @@ def main() -> None:
             ("sequence ids, static", False, sequence_ids, {}), ("sequence ids, dynamic", True, sequence_ids, {}),
             ("interval, L const, static", False, constant_length, {}),
             ("all tiles whole (wrong), static", False, all_tiles_whole(package), {}),
-            *([("FlashAttention-4, static", False, package, flex_kernel_options(package, q_len, kv_len, "FLASH")),
-               ("FlashAttention-4, dynamic", True, package, flex_kernel_options(package, q_len, kv_len, "FLASH"))]
-              if importlib.util.find_spec("flash_attn") else []),
+            *([("FlashAttention-4, static", False, package, flash), ("FlashAttention-4, dynamic", True, package, flash)]
+              if flash_attention_installed() else []),
         ):
             forward, total, out = median_ms(torch.compile(flex_attention, dynamic=dynamic), mask, q, k, v, options)
             same = None if reference is None else bool(torch.equal(out, reference))

@@ -59,17 +59,21 @@ class Pass:
         return Pass(ids, packed.to(ids.device))
 
 
+def flash_attention_installed() -> bool:
+    """FlashAttention-4's CuTe kernels, which flex attention's FLASH backend imports (flash-attn-4)."""
+    try:
+        return importlib.util.find_spec("flash_attn.cute") is not None
+    except ImportError:  # no flash_attn at all
+        return False
+
+
 def check_flash_attention(device: torch.device) -> None:
-    """`train.flex_backend: flash` runs FlashAttention-4's CuTe kernels: the flash-attn-4 package and a
-    Hopper or newer GPU, else one clear line before any compile."""
+    """`train.flex_backend: flash` needs the flash-attn-4 package and a Hopper or newer GPU, else one
+    clear line before any compile."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
         raise UserError(f"train.flex_backend: flash needs a Hopper or newer GPU (this device: {device}); "
                         "use triton")
-    try:
-        found = importlib.util.find_spec("flash_attn.cute") is not None
-    except ImportError:
-        found = False
-    if not found:
+    if not flash_attention_installed():
         raise UserError("train.flex_backend: flash needs FlashAttention-4 (pip install flash-attn-4); use triton")
 
 
