@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 
 import pytest
 
@@ -151,7 +152,9 @@ def test_regenerate_writes_shards_and_resumes(tmp_path, tiny_target, capsys):
         "--shard-size",
         "3",
     ]
+    caller_handler = signal.getsignal(signal.SIGTERM)
     assert cli.main(argv) == 0
+    assert signal.getsignal(signal.SIGTERM) is caller_handler  # a library caller keeps its own SIGTERM handler
     shards = sorted(out.glob("shard-*.jsonl"))
     assert [p.name for p in shards] == ["shard-00000.jsonl", "shard-00001.jsonl"]
     rows = [json.loads(line) for p in shards for line in p.read_text().splitlines()]

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
 CACHE_VERSION = "blockdraft-data-v1"
 CHUNK_LINES = 256
-PARALLEL_MIN_BYTES = 4 << 20
-"""Below this much data, starting tokeniser processes costs more than it saves."""
+PARALLEL_MIN_BYTES = 8 << 20
+"""Below this much data, starting tokeniser processes (about 4 s on 2 cores) costs more than it saves."""
 
 
 @dataclass
@@ -163,8 +163,11 @@ def _encoded_chunks(
     if workers <= 1:
         yield from ((fi, done, encode_chunk(encoder, fmt, chunk)) for fi, chunk, done in tasks)
         return
-    # fork on Linux: workers inherit the loaded tokenizer instead of importing torch+transformers again (5 s each)
-    ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    # Never fork: a process with threads running (a progress bar, a tracker) can fork a worker holding a
+    # lock it will never release. The fork server starts single-threaded with this module imported once.
+    ctx = multiprocessing.get_context("forkserver" if sys.platform == "linux" else "spawn")
+    if sys.platform == "linux":
+        ctx.set_forkserver_preload([__name__, type(encoder.tokenizer).__module__])
     with ctx.Pool(workers, initializer=_init_worker, initargs=(encoder, fmt)) as pool:
         pending: deque = deque()
         for fi, chunk, done in tasks:

@@ -166,11 +166,20 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
+    """SIGTERM (`timeout`, schedulers) interrupts as Ctrl-C does: report, then stop. The handler is put
+    back on the way out, so a caller's process (and any worker it starts later) keeps its own."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _regenerate(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _regenerate(args: argparse.Namespace) -> int:
     from blockdraft.data.cache import file_digest
     from blockdraft.model.locate import locate_model
     from blockdraft.model.tokenizer import load_tokenizer
 
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` and schedulers: report, then stop
     check_at_least(args, 1, "batch_size", "prompt_tokens", "shard_size", "max_new_tokens")
     if args.chunk_tokens < 0:
         raise UserError("--chunk-tokens must be >= 0 (0: the whole answer in one call)")
