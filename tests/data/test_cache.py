@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+import pytest
 
 from blockdraft.data import cache as cache_mod
 from blockdraft.data.cache import cache_key, prepare_dataset
 from blockdraft.data.reading import check_files
+from blockdraft.data.tokenize import SampleEncoder
+from blockdraft.errors import UserError
 
 from .conftest import chat, data_cfg, make_tokenizer, write_jsonl
 
@@ -77,3 +82,20 @@ def test_parallel_tokenisation_matches_serial(tmp_path, qwen_tok, monkeypatch):
     assert serial_report.samples_used == parallel_report.samples_used == 1401
     assert np.array_equal(serial.sources, parallel.sources)
     assert parallel.source(700) == f"{files[1]}:1"
+
+
+class _DiesInWorker(SampleEncoder):
+    """Unpickled in a tokeniser process, it ends that process at once: a worker killed for memory."""
+
+    def __reduce__(self):
+        return os._exit, (3,)
+
+
+def test_a_tokeniser_process_that_dies_is_one_clear_error_not_a_hang(tmp_path, qwen_tok, monkeypatch):
+    files = [str(write_jsonl(tmp_path / "d.jsonl", corpus(300)))]
+    monkeypatch.setattr(cache_mod, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(cache_mod, "SampleEncoder", _DiesInWorker)
+    cfg = data_cfg(tmp_path / "c").model_copy(update={"num_workers": 2})
+    with pytest.raises(UserError, match="tokeniser process died.*data.num_workers"):
+        prepare_dataset(cfg, qwen_tok, files)
+    assert not list((tmp_path / "c").rglob("*.tmp-*"))  # nothing half-written is left in the cache

@@ -16,6 +16,8 @@ import sys
 import tempfile
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -168,16 +170,22 @@ def _encoded_chunks(
     ctx = multiprocessing.get_context("forkserver" if sys.platform == "linux" else "spawn")
     if sys.platform == "linux":
         ctx.set_forkserver_preload([__name__, type(encoder.tokenizer).__module__])
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(encoder, fmt)) as pool:
+    # an executor, not a Pool: a worker that dies (killed for memory, say) breaks it with an error,
+    # where a Pool starts another and waits for the lost chunk for ever
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(encoder, fmt)) as pool:
         pending: deque = deque()
-        for fi, chunk, done in tasks:
-            pending.append((fi, done, pool.apply_async(_encode_in_worker, (chunk,))))
-            if len(pending) >= 2 * workers:
-                fi0, done0, res = pending.popleft()
-                yield fi0, done0, res.get()
-        while pending:
-            fi0, done0, res = pending.popleft()
-            yield fi0, done0, res.get()
+        try:
+            for fi, chunk, done in tasks:
+                pending.append((fi, done, pool.submit(_encode_in_worker, chunk)))
+                if len(pending) >= 2 * workers:
+                    fi0, done0, future = pending.popleft()
+                    yield fi0, done0, future.result()
+            while pending:
+                fi0, done0, future = pending.popleft()
+                yield fi0, done0, future.result()
+        except BrokenProcessPool:
+            raise UserError(f"a tokeniser process died (out of memory?); try fewer with data.num_workers "
+                            f"(now {workers})") from None
 
 
 def _progress(enabled: bool):
