@@ -167,8 +167,9 @@ def _encoded_chunks(
         return
     # Never fork: a process with threads running (a progress bar, a tracker) can fork a worker holding a
     # lock it will never release. The fork server starts single-threaded with this module imported once.
-    ctx = multiprocessing.get_context("forkserver" if sys.platform == "linux" else "spawn")
-    if sys.platform == "linux":
+    method = "forkserver" if sys.platform == "linux" else "spawn"
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
         ctx.set_forkserver_preload([__name__, type(encoder.tokenizer).__module__])
     # an executor, not a Pool: a worker that dies (killed for memory, say) breaks it with an error,
     # where a Pool starts another and waits for the lost chunk for ever
