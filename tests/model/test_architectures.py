@@ -73,6 +73,18 @@ def test_export_carries_what_readers_need(exported):
         assert config["rope_theta"] == target_cfg["rope_parameters"]["rope_theta"]
 
 
+def test_speculators_export_warns_of_the_embedding_scale_it_cannot_carry(exported, tmp_path, capsys):
+    target, cfg, _ = exported
+    out = tmp_path / "spec"
+    assert main(["export", cfg.train.out_dir, "--out", str(out), "--format", "speculators"]) == 0
+    assert (out / "model.safetensors").is_file()  # written all the same: the user asked for this format
+    err = capsys.readouterr().err
+    scaled = json.loads((target / "config.json").read_text())["model_type"].startswith("gemma3")
+    assert ("input_embedding_scale" in err) == scaled
+    if scaled:
+        assert err.startswith("warning: the speculators format has no field") and err.count("\n") == 1
+
+
 def _prompts(tok, n=3):
     texts = ["def parse(text):\n    ", "import os\n\nclass Path:\n", "for item in items:\n    if item"]
     return [tok(t, add_special_tokens=False)["input_ids"] for t in texts[:n]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,10 +24,12 @@ def run(args: argparse.Namespace) -> int:
     ckpt = load_checkpoint(args.checkpoint, with_training_state=False)
     dtype = getattr(torch, args.dtype)
     if args.format == "speculators":
-        from blockdraft.model.export_speculators import save_speculators, verifier_of
+        from blockdraft.model.export_speculators import save_speculators, unsaid, verifier_of
 
         name, archs = verifier_of(ckpt.path, args.verifier)
         out = save_speculators(ckpt.drafter_state, ckpt.drafter_config, args.out, dtype, name, archs)
+        if lost := unsaid(ckpt.drafter_config):
+            print(f"warning: {lost}", file=sys.stderr)
     else:
         out = save_drafter(ckpt.drafter_state, ckpt.drafter_config, args.out, dtype)
     print(f"exported {ckpt.path.name} -> {out}")

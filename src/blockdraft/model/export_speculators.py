@@ -76,6 +76,17 @@ def speculators_config(drafter_config: dict, verifier: str, verifier_archs: list
     }
 
 
+def unsaid(drafter_config: dict) -> str | None:
+    """What this drafter needs that the speculators format has no field for, as one warning line; None
+    when nothing is lost (the dflash format records all of it)."""
+    scale = float(drafter_config["dflash_config"].get("input_embedding_scale", 1.0))
+    if scale == 1.0:
+        return None
+    return (f"the speculators format has no field for input_embedding_scale ({scale:g}: the target scales its "
+            "embeddings, as Gemma does), so an engine reading this folder cannot learn it; the dflash format "
+            "records it (docs/serving.md)")
+
+
 def save_speculators(
     state: dict[str, torch.Tensor], drafter_config: dict, out_dir: Path, dtype: torch.dtype,
     verifier: str, verifier_archs: list[str],
