@@ -87,6 +87,37 @@ def tiny_gemma3_target(tmp_path_factory) -> Path:
     return path
 
 
+# Decoders users bring beside Qwen3, Llama and Gemma 3, each with what sets it apart: (config class, model
+# class, settings). Qwen2: q/k/v biases; Phi-3: fused qkv and gate_up; Qwen3-MoE: routed experts;
+# Gemma 2: embeddings scaled inside the model's forward, logit soft-capping, sliding-window layers.
+MORE_ARCHITECTURES = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               {"pad_token_id": 0, "bos_token_id": 0, "query_pre_attn_scalar": 16, "sliding_window": 16}),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_target_of(tmp_path_factory):
+    """`tiny_target_of(name)`: a saved 4-layer target of one of MORE_ARCHITECTURES, with <|MASK|>."""
+    import transformers
+
+    def build(name: str) -> Path:
+        config_class, model_class, settings = MORE_ARCHITECTURES[name]
+        path = tmp_path_factory.mktemp(f"tiny-{name}")
+        hf_tok = _save_tokenizer(path, mask=True)
+        torch.manual_seed(0)
+        cfg = getattr(transformers, config_class)(vocab_size=len(hf_tok), architectures=[model_class], eos_token_id=0,
+                                                  initializer_range=0.3, **{**TINY_TARGET, **settings})
+        getattr(transformers, model_class)(cfg).save_pretrained(path)
+        return path
+
+    return build
+
+
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "train.jsonl"

@@ -1,7 +1,8 @@
 """Targets other than Qwen3, as a user brings them: a SmolLM2-shaped Llama (tied head, chat template,
-no mask token) and a Gemma-3-shaped model (scaled embeddings, sliding-window layers, RoPE per layer
-type). Each trains, exports, and decodes losslessly; the export decodes the same tokens with z-lab's
-reference implementation (`dflash`, when installed)."""
+no mask token), a Gemma-3-shaped model (scaled embeddings, sliding-window layers, RoPE per layer
+type), and Qwen2, Phi-3, Qwen3-MoE and Gemma 2 (conftest.MORE_ARCHITECTURES). Each trains, exports,
+and decodes losslessly; the export decodes the same tokens with z-lab's reference implementation
+(`dflash`, when installed)."""
 
 import json
 import time
@@ -15,15 +16,16 @@ from blockdraft.evaluate.speculative import speculative_greedy
 from blockdraft.model.export import load_drafter
 from blockdraft.model.target import load_target, open_target, resolve_mask_token
 from blockdraft.train.loop import Trainer
-from tests.conftest import make_config
+from tests.conftest import MORE_ARCHITECTURES, make_config
 
-ARCHES = ["tiny_llama_target", "tiny_gemma3_target"]
+ARCHES = ["tiny_llama_target", "tiny_gemma3_target", *MORE_ARCHITECTURES]
 
 
 @pytest.fixture(scope="module", params=ARCHES)
-def exported(request, tiny_corpus, tmp_path_factory):
+def exported(request, tiny_corpus, tiny_target_of, tmp_path_factory):
     """(target folder, run config, export folder) after a 4-update run."""
-    target = request.getfixturevalue(request.param)
+    name = request.param
+    target = tiny_target_of(name) if name in MORE_ARCHITECTURES else request.getfixturevalue(name)
     root = tmp_path_factory.mktemp(request.param)
     cfg = make_config(target, tiny_corpus, root, train={"max_steps": 4, "save_every": 100})
     trainer = Trainer(cfg, show_console=False)
@@ -65,12 +67,10 @@ def test_export_carries_what_readers_need(exported):
     dflash = config["dflash_config"]
     assert dflash["target_hidden_states"] == "decoder_layer_output"
     target_cfg = json.loads((target / "config.json").read_text())
-    if target_cfg["model_type"].startswith("gemma3"):
-        assert dflash["input_embedding_scale"] == pytest.approx(target_cfg["hidden_size"] ** 0.5)
-        assert config["rope_theta"] == target_cfg["rope_parameters"]["full_attention"]["rope_theta"]
-    else:
-        assert dflash["input_embedding_scale"] == 1.0
-        assert config["rope_theta"] == target_cfg["rope_parameters"]["rope_theta"]
+    scaled = target_cfg["model_type"].startswith("gemma")  # Gemma 2 and 3 scale embeddings by sqrt(hidden)
+    assert dflash["input_embedding_scale"] == pytest.approx(target_cfg["hidden_size"] ** 0.5 if scaled else 1.0)
+    rope = target_cfg["rope_parameters"]
+    assert config["rope_theta"] == rope.get("full_attention", rope)["rope_theta"]  # Gemma 3: per layer type
 
 
 def test_speculators_export_warns_of_the_embedding_scale_it_cannot_carry(exported, tmp_path, capsys):
@@ -79,10 +79,26 @@ def test_speculators_export_warns_of_the_embedding_scale_it_cannot_carry(exporte
     assert main(["export", cfg.train.out_dir, "--out", str(out), "--format", "speculators"]) == 0
     assert (out / "model.safetensors").is_file()  # written all the same: the user asked for this format
     err = capsys.readouterr().err
-    scaled = json.loads((target / "config.json").read_text())["model_type"].startswith("gemma3")
+    scaled = json.loads((target / "config.json").read_text())["model_type"].startswith("gemma")
     assert ("input_embedding_scale" in err) == scaled
     if scaled:
         assert err.startswith("warning: the speculators format has no field") and err.count("\n") == 1
+
+
+def test_teacher_logits_are_the_targets_own(exported):
+    """What the loss takes as the target's logits for KL (its final hidden state through the lm_head,
+    then its soft-cap when it has one: Gemma 2) are the logits the target itself returns."""
+    target_dir, _, out = exported
+    drafter = load_drafter(out)
+    target, tok, hf_cfg = load_target(target_dir, drafter.target_layer_ids, torch.device("cpu"), "float32")
+    ids = torch.tensor(_prompts(tok, 1))
+    _, final = target.features(ids, final_hidden=True)
+    logits = final[0] @ target.lm_head.weight.T
+    if (cap := target.logit_softcap) is not None:
+        logits = cap * torch.tanh(logits / cap)
+    assert (cap is not None) == (hf_cfg.model_type == "gemma2")
+    with torch.no_grad():
+        torch.testing.assert_close(logits, target.model(ids).logits[0], rtol=1e-4, atol=1e-4)
 
 
 def _prompts(tok, n=3):

@@ -54,17 +54,20 @@ def test_loss_is_weighted_mean_over_real_labels():
     assert stats.counted.sum().item() == mask.sum().item()
 
 
-def reference_loss(hidden, weight, labels, row_w, target_hidden, kl_weight, t):
+def reference_loss(hidden, weight, labels, row_w, target_hidden, kl_weight, t, softcap=None):
     """The plain autograd formula the fused function must reproduce."""
     logits = hidden @ weight.T
     ce = F.cross_entropy(logits, labels, reduction="none")
-    p = F.softmax(target_hidden @ weight.T / t, -1)
+    t_logits = target_hidden @ weight.T
+    if softcap:
+        t_logits = softcap * torch.tanh(t_logits / softcap)
+    p = F.softmax(t_logits / t, -1)
     kl = (p * (p.log() - F.log_softmax(logits / t, -1))).sum(-1) * t * t
     return (row_w * (ce + kl_weight * kl)).sum(), ce, kl
 
 
-@pytest.mark.parametrize("chunk", [7, 1000])
-def test_fused_loss_equals_autograd_reference_values_and_grads(chunk):
+@pytest.mark.parametrize("chunk, softcap", [(7, None), (1000, None), (7, 1.5)])
+def test_fused_loss_equals_autograd_reference_values_and_grads(chunk, softcap):
     torch.manual_seed(0)
     h1 = torch.randn(50, 8, requires_grad=True)
     h2 = h1.detach().clone().requires_grad_(True)
@@ -73,9 +76,9 @@ def test_fused_loss_equals_autograd_reference_values_and_grads(chunk):
     row_w = torch.rand(50)
     th = torch.randn(50, 8)
     cfg = LossConfig(kl_weight=0.5, kl_temperature=2.0).model_copy(update={"logits_chunk": chunk})
-    rows, terms = fused_linear_loss(h1, w, y, cfg, th)
+    rows, terms = fused_linear_loss(h1, w, y, cfg, th, softcap)
     total = (row_w * rows).sum()
-    expected, ce, kl = reference_loss(h2, w, y, row_w, th, 0.5, 2.0)
+    expected, ce, kl = reference_loss(h2, w, y, row_w, th, 0.5, 2.0, softcap)
     torch.testing.assert_close(total, expected)
     torch.testing.assert_close(terms.ce, ce.detach())
     torch.testing.assert_close(terms.kl, kl.detach())

@@ -119,6 +119,11 @@ class Target(nn.Module):
         scale = getattr(self.embed_tokens, "scalar_embed_scale", getattr(self.embed_tokens, "embed_scale", 1.0))
         return float(scale.item() if isinstance(scale, torch.Tensor) else scale)
 
+    @property
+    def logit_softcap(self) -> float | None:
+        """The cap of the target's final logits, cap * tanh(logits / cap) (Gemma 2); None when uncapped."""
+        return getattr(self.config.get_text_config(), "final_logit_softcapping", None) or None
+
     def layer_masks(
         self, visible: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
     ) -> torch.Tensor | dict[str, torch.Tensor]:

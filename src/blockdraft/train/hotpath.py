@@ -249,7 +249,7 @@ class HotPath:
                 target_hidden = final[before.clamp(max=length - 1)]  # [V', B-1, H]
             with record_function("loss"):
                 return block_loss(hidden, self.target.lm_head.weight, blocks.labels, blocks.label_mask, loss_cfg,
-                                  target_hidden)
+                                  target_hidden, self.target.logit_softcap)
 
     @property
     def warms_up(self) -> bool:

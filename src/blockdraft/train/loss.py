@@ -103,7 +103,8 @@ class _FusedLinearLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, target_hidden, kl_weight, kl_temperature, use_target_labels, chunk):
+    def forward(ctx, hidden, weight, labels, target_hidden, kl_weight, kl_temperature, use_target_labels, chunk,
+                softcap):
         need_grad = hidden.requires_grad
         grad = torch.empty_like(hidden) if need_grad else None
         parts: list[tuple[torch.Tensor, ...]] = []
@@ -113,6 +114,8 @@ class _FusedLinearLoss(torch.autograd.Function):
             y = labels[sl]
             if target_hidden is not None:
                 t_logits = F.linear(target_hidden[sl].to(weight.dtype), weight).float()
+                if softcap:  # the target's own distribution (Gemma 2 caps its logits at +-softcap)
+                    t_logits = softcap * torch.tanh(t_logits / softcap)
                 if use_target_labels:
                     y = t_logits.argmax(dim=-1)
             if target_hidden is not None and kl_weight > 0:
@@ -135,7 +138,7 @@ class _FusedLinearLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_rows, *_unused):
         (grad,) = ctx.saved_tensors
-        return grad * grad_rows[:, None].to(grad.dtype), None, None, None, None, None, None, None
+        return grad * grad_rows[:, None].to(grad.dtype), None, None, None, None, None, None, None, None
 
 
 def fused_linear_loss(
@@ -144,13 +147,15 @@ def fused_linear_loss(
     labels: torch.Tensor,
     cfg: LossConfig,
     target_hidden: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, RowTerms]:
     """hidden: [R, H] drafter states at labelled rows; weight: [V, H] the frozen lm_head; labels: [R];
-    target_hidden: [R, H] the target's final state before each label (for KL or target labels).
+    target_hidden: [R, H] the target's final state before each label (for KL or target labels);
+    softcap: the target's final logit soft-cap, applied to its logits (None: uncapped).
     Returns (the rows' losses ce_r + kl_weight kl_r [R] fp32, differentiable in hidden; RowTerms)."""
     row_loss, ce, kl, pred, used = _FusedLinearLoss.apply(
         hidden, weight, labels, target_hidden, cfg.kl_weight, cfg.kl_temperature, cfg.labels == "target",
-        cfg.logits_chunk)
+        cfg.logits_chunk, softcap)
     return row_loss, RowTerms(ce, kl, pred, used)
 
 
@@ -189,15 +194,17 @@ def block_loss(
     label_mask: torch.Tensor,
     cfg: LossConfig,
     target_hidden: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> MicroStats:
     """draft_hidden: [V, B-1, H] drafter outputs at block positions 1..B-1; labels, label_mask:
     [V, B-1]; target_hidden: [V, B-1, H] the target's final hidden state at the position BEFORE each
-    label (its distribution for that label), when kl/target labels are on."""
+    label (its distribution for that label), when kl/target labels are on; softcap: the target's final
+    logit soft-cap."""
     block_size = labels.shape[-1] + 1
     rows = label_mask  # only real labels reach the lm_head
     h = draft_hidden[rows]  # [R, H]
     th = target_hidden[rows] if target_hidden is not None else None
-    row_loss, terms = fused_linear_loss(h, lm_weight, labels[rows], cfg, th)  # [R]
+    row_loss, terms = fused_linear_loss(h, lm_weight, labels[rows], cfg, th, softcap)  # [R]
     if cfg.weighting == "streak":  # from the drafter's own current (detached) predictions
         p_grid = torch.zeros(labels.shape, device=h.device)
         p_grid[rows] = torch.exp(-terms.ce)
