@@ -100,13 +100,24 @@ MORE_ARCHITECTURES = {
 }
 
 
+# Decoders with recurrent layers: they train, but blockdraft's speculative decoding refuses them.
+# Qwen3-Next: Gated DeltaNet (linear attention) layers, a full-attention layer every fourth.
+RECURRENT_ARCHITECTURES = {
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                   {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                    "linear_num_value_heads": 2, "linear_num_key_heads": 1, "linear_key_head_dim": 16,
+                    "linear_value_head_dim": 16}),
+}
+
+
 @pytest.fixture(scope="session")
 def tiny_target_of(tmp_path_factory):
-    """`tiny_target_of(name)`: a saved 4-layer target of one of MORE_ARCHITECTURES, with <|MASK|>."""
+    """`tiny_target_of(name)`: a saved 4-layer target of MORE_ARCHITECTURES or RECURRENT_ARCHITECTURES,
+    with <|MASK|>."""
     import transformers
 
     def build(name: str) -> Path:
-        config_class, model_class, settings = MORE_ARCHITECTURES[name]
+        config_class, model_class, settings = {**MORE_ARCHITECTURES, **RECURRENT_ARCHITECTURES}[name]
         path = tmp_path_factory.mktemp(f"tiny-{name}")
         hf_tok = _save_tokenizer(path, mask=True)
         torch.manual_seed(0)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from blockdraft.cli import main
+from blockdraft.errors import UserError
 from blockdraft.evaluate.runner import evaluate
 from blockdraft.evaluate.speculative import speculative_greedy
 from blockdraft.model.export import load_drafter
@@ -99,6 +100,27 @@ def test_teacher_logits_are_the_targets_own(exported):
     assert (cap is not None) == (hf_cfg.model_type == "gemma2")
     with torch.no_grad():
         torch.testing.assert_close(logits, target.model(ids).logits[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_target_with_recurrent_layers_trains_and_refuses_decoding_in_one_line(tiny_target_of, tiny_corpus,
+                                                                                 tmp_path, capsys):
+    target = tiny_target_of("qwen3_next")
+    cfg = make_config(target, tiny_corpus, tmp_path, train={"max_steps": 2, "save_every": 100})
+    trainer = Trainer(cfg, show_console=False)
+    trainer.run()
+    trainer.prefetcher.close()
+    out = tmp_path / "export"
+    assert main(["export", cfg.train.out_dir, "--out", str(out)]) == 0
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"text": "def parse(text):\n    return text.split()"}) + "\n")
+    capsys.readouterr()
+    assert main(["eval", "--target", str(target), "--drafter", str(out), "--prompts", str(prompts)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "linear_attention layers" in err[0] and "vLLM or SGLang" in err[0]
+    with_eval = make_config(target, tiny_corpus, tmp_path / "with-eval", eval={"prompts": [str(prompts)]})
+    with pytest.raises(UserError, match="^eval.prompts: this target has linear_attention layers"):
+        Trainer(with_eval, show_console=False)  # refused before the data is tokenised or a weight loads
+    assert not (tmp_path / "with-eval" / "cache").exists()
 
 
 def _prompts(tok, n=3):

@@ -55,13 +55,14 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.evaluate.prompts import load_prompts
     from blockdraft.evaluate.runner import evaluate
     from blockdraft.model.export import load_drafter
-    from blockdraft.model.target import load_target, open_target
+    from blockdraft.model.target import load_target, open_target, require_decodable
 
     budgets = parse_budgets(args.tree_budget)
     check_at_least(args, 1, "max_new_tokens", "limit", "prompt_tokens", "batch_size")
     check_at_least(args, 0, "temperature")
     device = pick_device(args.device)
     folder = open_target(args.target)  # prompts first: a bad set fails before the weights load
+    require_decodable(folder.config.get_text_config(), "blockdraft eval")
     tokenizer = folder.tokenizer
     cfg = EvalConfig(prompts=args.prompts, max_prompts=args.limit, max_new_tokens=args.max_new_tokens,
                      prompt_tokens=args.prompt_tokens)

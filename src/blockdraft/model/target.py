@@ -81,6 +81,19 @@ def resolve_mask_token(tokenizer: Any | None, vocab_rows: int, tied_head: bool,
     raise UserError(f"the target's tokenizer has no mask token and no spare special token; {advice}")
 
 
+DECODABLE_LAYERS = {"full_attention", "sliding_attention"}  # what the slot caches and layer_masks serve
+
+
+def require_decodable(text_config: Any, what: str) -> None:
+    """Refuse, in one line naming `what` asked for decoding, a target with layers blockdraft's decoders
+    cannot run: a recurrent layer (linear attention, Mamba, convolution) has a state that a rejected
+    draft token must be rolled out of, and a chunked one a mask the slot layout does not build."""
+    others = sorted(set(getattr(text_config, "layer_types", None) or []) - DECODABLE_LAYERS)
+    if others:
+        raise UserError(f"{what}: this target has {', '.join(others)} layers, and blockdraft's speculative "
+                        "decoding runs attention layers only; measure tau with vLLM or SGLang (docs/serving.md)")
+
+
 class Target(nn.Module):
     """Wraps a frozen HF causal LM: tapped features for training, full forward for decoding."""
 

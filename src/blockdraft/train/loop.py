@@ -39,7 +39,7 @@ from blockdraft.evaluate.prompts import load_prompts, skip_counts
 from blockdraft.evaluate.runner import ModeResult
 from blockdraft.evaluate.runner import evaluate as evaluate_modes
 from blockdraft.model.drafter import DFlashDrafter, drafter_config, init_from_target
-from blockdraft.model.target import load_target, open_target, resolve_mask_token
+from blockdraft.model.target import load_target, open_target, require_decodable, resolve_mask_token
 from blockdraft.schedule import lr_at, noise_std_at
 from blockdraft.telemetry.console import TrainConsole
 from blockdraft.telemetry.log import SCHEMA, RunLog
@@ -91,6 +91,8 @@ class Trainer:
         d = cfg.drafter
         text_cfg = hf_cfg.get_text_config()  # a multimodal config keeps the decoder's inside
         layer_ids = d.tap_layers(text_cfg.num_hidden_layers)
+        if cfg.eval.prompts:  # the held-out evaluation decodes with the target
+            require_decodable(text_cfg, "eval.prompts")
         if text_cfg.num_hidden_layers - 1 in layer_ids:
             self.note("last_layer_tap", "warning",
                 f"drafter.target_layer_ids taps the target's last layer ({text_cfg.num_hidden_layers - 1}): serving "
