@@ -1,13 +1,14 @@
 """The target's RoPE reaches the exported drafter: the config read back carries the same parameters,
 and the loaded drafter rotates by the same frequencies as the target (theta and scaling), for a plain
-theta, a llama3-scaled Llama, and Gemma 3's full-attention RoPE. bench/pin_matrix.sh runs this file
-under each transformers release the pin allows."""
+theta, a llama3-scaled Llama, and Gemma 3's full-attention RoPE; a target that rotates part of each
+head gives a drafter that rotates whole heads, and says so. bench/pin_matrix.sh runs this file under
+each transformers release the pin allows."""
 
 import json
 
 import pytest
 import torch
-from transformers import Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+from transformers import Gemma3TextConfig, GlmConfig, LlamaConfig, LlamaForCausalLM
 
 from blockdraft.model.drafter import DFlashDrafter, drafter_config
 from blockdraft.model.export import load_drafter, save_drafter
@@ -46,4 +47,24 @@ def test_gemma3_full_attention_rope_survives_export(tmp_path):
     expected = 1.0 / full["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)
     if full.get("rope_type") == "linear":
         expected = expected / full["factor"]
+    torch.testing.assert_close(drafter.rotary_emb.inv_freq, expected)
+
+
+@pytest.mark.parametrize("rope_type", ["default", "linear"])
+def test_a_partially_rotated_target_gives_a_drafter_that_rotates_whole_heads(tmp_path, rope_type):
+    """Phi-3/4 and GLM rotate a share of each head (partial_rotary_factor). The drafter's RoPE is its own
+    and covers whole heads; its export carries no factor, so an engine that honours one (transformers'
+    RoPE rules, vLLM's get_rope) rotates what was trained."""
+    params = {"rope_type": rope_type, "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+    if rope_type == "linear":
+        params["factor"] = 2.0
+    target_cfg = GlmConfig(**SHAPE, max_position_embeddings=512, pad_token_id=0, rope_parameters=params)
+    config, drafter = _export(target_cfg, tmp_path)
+    assert "partial_rotary_factor" not in config["rope_parameters"]
+    assert config["rope_parameters"]["rope_theta"] == 1e4 and config["rope_parameters"]["rope_type"] == rope_type
+    hd = SHAPE["head_dim"]
+    x = torch.zeros(1, 3, SHAPE["hidden_size"])
+    cos, _ = drafter.rotary_emb(x, torch.arange(3)[None])
+    assert cos.shape == (1, 3, hd)
+    expected = 1.0 / 1e4 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd) / params.get("factor", 1.0)
     torch.testing.assert_close(drafter.rotary_emb.inv_freq, expected)

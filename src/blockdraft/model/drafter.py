@@ -204,6 +204,8 @@ def drafter_config(
     rope = getattr(t, "rope_parameters", None)
     if rope and "full_attention" in rope:  # per layer type (Gemma 3): the drafter's layers are all full
         rope = rope["full_attention"]
+    if rope:  # the drafter rotates whole heads, whatever share of each head the target rotates (Phi-3, GLM)
+        rope = {k: v for k, v in rope.items() if k != "partial_rotary_factor"}
     cfg = Qwen3Config(
         vocab_size=t.vocab_size,
         hidden_size=t.hidden_size,
