@@ -71,26 +71,14 @@ def tiny_llama_target(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def tiny_gemma3_target(tmp_path_factory) -> Path:
-    """Gemma-3-shaped: scaled embeddings, sliding-window and full layers with their own RoPE, <|MASK|>."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    path = tmp_path_factory.mktemp("tiny-gemma3")
-    hf_tok = _save_tokenizer(path, mask=True)
-    torch.manual_seed(0)
-    cfg = Gemma3TextConfig(vocab_size=len(hf_tok), architectures=["Gemma3ForCausalLM"], eos_token_id=0,
-                           pad_token_id=0, bos_token_id=0, initializer_range=0.3, sliding_window=16,
-                           layer_types=["sliding_attention", "sliding_attention", "sliding_attention",
-                                        "full_attention"], query_pre_attn_scalar=16, **TINY_TARGET)
-    Gemma3ForCausalLM(cfg).save_pretrained(path)
-    return path
-
-
-# Decoders users bring beside Qwen3, Llama and Gemma 3, each with what sets it apart: (config class, model
-# class, settings). Qwen2: q/k/v biases; Phi-3: fused qkv and gate_up; Qwen3-MoE: routed experts;
-# Gemma 2: embeddings scaled inside the model's forward, logit soft-capping, sliding-window layers.
+# Decoders users bring beside Qwen3 and Llama, each with what sets it apart: (config class, model class,
+# settings). Gemma 3: scaled embeddings, sliding-window and full layers with their own RoPE; Qwen2: q/k/v
+# biases; Phi-3: fused qkv and gate_up; Qwen3-MoE: routed experts; Gemma 2: scaled embeddings, logit
+# soft-capping, sliding-window layers.
 MORE_ARCHITECTURES = {
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               {"pad_token_id": 0, "bos_token_id": 0, "sliding_window": 16, "query_pre_attn_scalar": 16,
+                "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",

@@ -102,6 +102,9 @@ class Target(nn.Module):
         self.model = model
         self.layer_ids = sorted(layer_ids)
         self._compiled_forwards: dict[int, object] = {}
+        # the cap of the final logits, cap * tanh(logits / cap) (Gemma 2); None when uncapped
+        text_config = model.config.get_text_config()
+        self.logit_softcap: float | None = getattr(text_config, "final_logit_softcapping", None) or None
         n_layers = len(self.decoder_layers)
         if not self.layer_ids or self.layer_ids[-1] >= n_layers:
             raise UserError(f"target_layer_ids {layer_ids} out of range for a {n_layers}-layer target")
@@ -131,11 +134,6 @@ class Target(nn.Module):
         """What the embedding module multiplies its rows by (Gemma: sqrt(H)); 1 for most models."""
         scale = getattr(self.embed_tokens, "scalar_embed_scale", getattr(self.embed_tokens, "embed_scale", 1.0))
         return float(scale.item() if isinstance(scale, torch.Tensor) else scale)
-
-    @property
-    def logit_softcap(self) -> float | None:
-        """The cap of the target's final logits, cap * tanh(logits / cap) (Gemma 2); None when uncapped."""
-        return getattr(self.config.get_text_config(), "final_logit_softcapping", None) or None
 
     def layer_masks(
         self, visible: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
