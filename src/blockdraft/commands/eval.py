@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     check_at_least(args, 0, "temperature")
     device = pick_device(args.device)
     folder = open_target(args.target)  # prompts first: a bad set fails before the weights load
-    require_decodable(folder.config.get_text_config(), "blockdraft eval")
+    require_decodable(folder.config.get_text_config(), "--target")
     tokenizer = folder.tokenizer
     cfg = EvalConfig(prompts=args.prompts, max_prompts=args.limit, max_new_tokens=args.max_new_tokens,
                      prompt_tokens=args.prompt_tokens)
