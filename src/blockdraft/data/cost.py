@@ -92,7 +92,9 @@ def flop_costs(
     `answer_tokens` (loss tokens per sample) is needed with `train.anchors_per_token`."""
     d, b = cfg.drafter, cfg.drafter.block_size
     target = Dims.of(hf_cfg)
-    drafter = replace(target, intermediate=d.intermediate_size or target.intermediate)
+    # the drafter (drafter_config): the target's attention shape, dense MLPs, full attention in every layer
+    drafter = replace(target, intermediate=d.intermediate_size or target.intermediate, mlp_per_layer=(),
+                      window_per_layer=())
     lengths = np.asarray(lengths, dtype=np.int64)
     widths, inverse = np.unique(lengths, return_inverse=True)
     per_width = np.asarray([target_flops([int(t)], target, max(layer_ids) + 1) for t in widths])
