@@ -38,7 +38,8 @@ __init__s (megatron-fsdp, datasets, ...) are not executed (`load_nemo`).
 GPU (one H200; the carried folder .whl/ holds the nemo_automodel wheel; bench/README.md: one call
 per length profile keeps each under the 10-minute limit):
   python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl
-  PYTHONPATH=src:/tmp/site python3 bench/peer_nemo.py --target-shape qwen3-8b --lengths mix --ours --json
+  PYTHONPATH=src:/tmp/site python3 bench/peer_nemo.py --target-shape qwen3-8b --lengths mix \\
+      --modes pad-longest,pack --ours --json
 CPU smoke run:
   PYTHONPATH=src:/tmp/nemo-site python bench/peer_nemo.py --target-shape tiny --seq-len 256 \\
       --mix-median 120 --steps 3 --warmup 1 --ours --no-check drafter.num_layers=2 drafter.block_size=8
@@ -47,6 +48,7 @@ CPU smoke run:
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -89,10 +91,12 @@ _STAND_INS = {
 }
 
 
+@functools.cache
 def load_nemo() -> types.SimpleNamespace:
     """NeMo's DFlash modules, without executing the package __init__s above them (they import its
     heavy declared dependencies): each parent package is an empty module with the wheel's folder as
-    its __path__, so only the files named here and their own imports run."""
+    its __path__, so only the files named here and their own imports run. Once a process: the empty
+    modules left in sys.modules have no spec to find the wheel by again."""
     spec = importlib.util.find_spec("nemo_automodel")
     if spec is None or not spec.submodule_search_locations:
         raise UserError("nemo_automodel is not importable: pip install --no-deps its wheel into a folder on "
@@ -402,25 +406,31 @@ def ratios(ours: dict[str, Any], peer: list[dict[str, Any]]) -> list[dict[str, A
     return out
 
 
+def row(r: dict[str, Any], trainer: str) -> None:
+    """One measured run's line, NeMo's or ours: the same fields (measure.summarize_rows)."""
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    mem = "-" if r["peak_mem_gb"] is None else f"{r['peak_mem_gb']:.1f}"
+    print(f"{r['profile']:8} {trainer:12} {r['tokens_per_s']:10,.0f} {r['tokens_per_s_wall']:10,.0f} "
+          f"{r['blocks_per_s']:10,.0f} {r['blocks_per_1k_tokens']:9.0f} {r['pad_frac']:6.1%} {pct(r['mfu']):>6} "
+          f"{pct(r['mfu_wall']):>8} {mem:>8} {r['graphs_compiled']:6} {r['slow_steps']:4}")
+
+
 def render(report: dict[str, Any]) -> None:
     env = report["env"]
     print(f"NeMo AutoModel {env['nemo_version']} DFlash on {env['device_name']}, target {env['target']}: "
           f"drafter {env['drafter']}, attention {env['attention']}, torch {env['torch']}, "
           f"transformers {env['transformers']}")
     print(f"{'lengths':8} {'mode':12} {'tokens/s':>10} {'wall':>10} {'blocks/s':>10} {'blocks/1k':>9} "
-          f"{'pad':>6} {'MFU':>6} {'peak GB':>8} {'graphs':>6} {'slow':>4}")
+          f"{'pad':>6} {'MFU':>6} {'MFU wall':>8} {'peak GB':>8} {'graphs':>6} {'slow':>4}")
     for r in report["nemo"]:
         if "error" in r:
             print(f"{r['profile']:8} {r['mode']:12} {r['error']}")
             continue
-        mfu = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
-        mem = "-" if r["peak_mem_gb"] is None else f"{r['peak_mem_gb']:.1f}"
-        print(f"{r['profile']:8} {r['mode']:12} {r['tokens_per_s']:10,.0f} {r['tokens_per_s_wall']:10,.0f} "
-              f"{r['blocks_per_s']:10,.0f} {r['blocks_per_1k_tokens']:9.0f} {r['pad_frac']:6.1%} {mfu:>6} "
-              f"{mem:>8} {r['graphs_compiled']:6} {r['slow_steps']:4}")
+        row(r, r["mode"])
     for r in report.get("ours", {}).get("profiles", []):
-        print(f"{r['profile']:8} {'blockdraft':12} {r['tokens_per_s']:10,.0f} {r['tokens_per_s_wall']:10,.0f} "
-              f"{r['blocks_per_s']:10,.0f} {r['blocks_per_1k_tokens']:9.0f} {r['pad_frac']:6.1%}")
+        row(r, "blockdraft")
     for r in report.get("ratios", []):
         target = "" if r["target"] is None else f" (target {r['target']}x: {'met' if r['met'] else 'NOT met'})"
         print(f"ours / NeMo {r['nemo_mode']} on {r['profile']}, {r['field']}: {r['ratio_wall']:.2f}x over the "
@@ -490,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     if gpu:
         torch.cuda.empty_cache()
     if args.ours:
-        report["ours"] = bench_command.measure(args)
+        report["ours"] = bench_command.measure(args, stall=False)
         report["ratios"] = ratios(report["ours"], report["nemo"])
     if args.json:
         print(json.dumps(report, indent=1))

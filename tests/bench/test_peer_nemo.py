@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -152,3 +153,19 @@ def test_a_target_is_judged_on_the_window_not_the_median_update():
                   "tokens_per_s_wall": 10.0, "blocks_per_s_wall": 2.0}]
     _, blocks = peer_nemo.ratios(ours, nemo_runs)
     assert (blocks["ratio"], blocks["ratio_wall"], blocks["target"], blocks["met"]) == (1.2, 2.0, 1.5, True)
+
+
+def test_ours_runs_after_the_peer_in_one_process_and_its_ratios_come_from_that_run(capsys):
+    """--ours: one report, the peer's runs, ours on the same shapes and the ratios of the two; without
+    the checkpoint stall, which no ratio reads and which a 10-minute mix call has no time for."""
+    rc = peer_nemo.main(["--target-shape", "tiny", "--lengths", "mix", "--seq-len", "256", "--mix-median", "120",
+                         "--steps", "3", "--warmup", "1", "--modes", "pack", "--ours", "--no-check", "--device", "cpu",
+                         "--json", "drafter.num_layers=2", "drafter.block_size=8", "train.num_anchors=16"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    (nemo_run,), (mine,) = report["nemo"], report["ours"]["profiles"]
+    assert "checkpoint_stall" not in report["ours"]
+    assert (nemo_run["mode"], mine["profile"], mine["steps"]) == ("pack", "mix", 3)
+    tokens, blocks = report["ratios"]
+    assert blocks["ratio_wall"] == pytest.approx(mine["blocks_per_s_wall"] / nemo_run["blocks_per_s_wall"])
+    assert tokens["ratio"] == pytest.approx(mine["tokens_per_s"] / nemo_run["tokens_per_s"])

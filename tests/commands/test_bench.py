@@ -102,6 +102,21 @@ def test_summary_names_the_slow_updates_and_the_last_compile():
     assert out["loss_finite"] is True
 
 
+def test_the_window_mfu_counts_every_update_s_flops_over_the_window_s_time():
+    """Updates of unequal size: the median update's MFU is one update's, the window's weighs each by its
+    FLOPs, which is what compares two trainers whose updates differ."""
+    from blockdraft.bench.measure import summarize_rows
+
+    rows = [{"update": k, "step_time": t, "wait": 0.0, "tokens": n, "padded": n, "blocks": n // 4, "graphs": 0,
+             "flops_target": f, "flops_drafter": f, "loss": 1.0}
+            for k, (t, n, f) in enumerate([(1.0, 1000, 50e12), (2.0, 3000, 150e12), (1.0, 1000, 50e12)])]
+    out = summarize_rows(rows, 0.5, peak=1000.0)
+    assert out["tflops"] == pytest.approx(100.0)  # the median update: 100 TFLOP in 1 s
+    assert out["tflops_wall"] == pytest.approx(500 / 4)  # 500 TFLOP in 4 s
+    assert (out["mfu"], out["mfu_wall"]) == (pytest.approx(0.1), pytest.approx(0.125))
+    assert summarize_rows(rows, 0.5, None)["mfu_wall"] is None
+
+
 def test_a_non_finite_loss_fails_the_bench_whatever_its_rates(monkeypatch, capsys):
     """A kernel option that breaks the update can make it faster: its rates must not pass for a result."""
     from blockdraft.bench.measure import summarize_rows

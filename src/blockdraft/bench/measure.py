@@ -200,6 +200,8 @@ def summarize_rows(
     fl_t = statistics.median(r["flops_target"] for r in rows)
     fl_d = statistics.median(r["flops_drafter"] for r in rows)
     tflops = (fl_t + fl_d) / step / 1e12
+    # the window's model FLOPs over its time: the rate that compares trainers whose updates differ in size
+    tflops_wall = sum(r["flops_target"] + r["flops_drafter"] for r in rows) / wall / 1e12
     out = {
         "steps": len(rows),
         "tokens_per_s": tokens / step,
@@ -224,14 +226,16 @@ def summarize_rows(
         "tokens_per_step": tokens,
         "pad_frac": 1 - total_tokens / sum(r["padded"] for r in rows),
         "tflops": tflops,
+        "tflops_wall": tflops_wall,
         "target_time_share": target_time / step,
         "data_wait_share": sum(r["wait"] for r in rows) / wall,
         "loss_first_last": [rows[0]["loss"], rows[-1]["loss"]],
         "loss_finite": all(math.isfinite(r["loss"]) for r in rows),  # else the rates time a broken update
-        "mfu": None, "mfu_target": None, "mfu_drafter": None,
+        "mfu": None, "mfu_wall": None, "mfu_target": None, "mfu_drafter": None,
     }
     if peak:
         out["mfu"] = tflops / peak
+        out["mfu_wall"] = tflops_wall / peak
         out["mfu_target"] = fl_t / max(target_time, 1e-9) / 1e12 / peak
         out["mfu_drafter"] = fl_d / max(step - target_time, 1e-9) / 1e12 / peak
     return out
