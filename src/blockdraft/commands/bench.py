@@ -121,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace, stall: bool = True) -> dict[str, Any] | None:
     """The report as a dict (None on ranks other than the main one): bench/peer_nemo.py --ours calls
     this in the same process as its peer measurement, so their ratios come from one GPU call, with
-    `stall=False`: the checkpoint stall is no part of the comparison, and its half minute is what a
-    mix call needs to stay inside a 10-minute command."""
+    `stall=False`: no ratio reads the checkpoint stall, and a mix call has no seconds to spare inside a
+    10-minute command."""
     import torch
 
     from blockdraft.bench.measure import build_models, checkpoint_stall, matmul_tflops, nominal_peak, run_profile
