@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from blockdraft.model.windows import sliding_windows
+
 
 @dataclass(frozen=True)
 class Dims:
@@ -33,7 +35,7 @@ class Dims:
     def of(cls, cfg) -> Dims:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         return cls(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim, cfg.intermediate_size,
-                   _mlp_weights(cfg), _windows(cfg))
+                   _mlp_weights(cfg), sliding_windows(cfg))
 
     @property
     def attention_params(self) -> int:
@@ -82,17 +84,6 @@ def _mlp_weights(cfg) -> tuple[int, ...]:
         return i not in only and (i + 1) % step == 0 and i >= first
 
     return tuple(sparse if is_sparse(i) else dense for i in range(cfg.num_hidden_layers))
-
-
-def _windows(cfg) -> tuple[int | None, ...]:
-    """Per layer, its sliding window or None; () when every layer attends in full. With layer_types
-    (Gemma 2 and 3, Qwen2/3) the "sliding_attention" layers slide; without (Mistral, Mixtral, Phi-3),
-    every layer slides when sliding_window is set, as their HF models do."""
-    window = getattr(cfg, "sliding_window", None)
-    if not window:
-        return ()
-    types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * cfg.num_hidden_layers
-    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 def _attended(n: int, window: int | None) -> int:

@@ -18,6 +18,7 @@ from torch import nn
 from blockdraft.errors import UserError, first_line
 from blockdraft.model.locate import locate_model
 from blockdraft.model.tokenizer import load_tokenizer
+from blockdraft.model.windows import sliding_windows
 
 MASK_TOKEN_NAMES = ("<|MASK|>", "<|mask|>", "<mask>", "[MASK]")
 
@@ -105,6 +106,11 @@ class Target(nn.Module):
         # the cap of the final logits, cap * tanh(logits / cap) (Gemma 2); None when uncapped
         text_config = model.config.get_text_config()
         self.logit_softcap: float | None = getattr(text_config, "final_logit_softcapping", None) or None
+        # the decoding mask's window, and whether only the layers typed "sliding_attention" take it (Gemma)
+        # or every layer does (Mistral, Phi-3)
+        windows = sliding_windows(text_config)
+        self.sliding_window: int | None = next((w for w in windows if w), None)
+        self.window_by_layer_type = bool(getattr(text_config, "layer_types", None))
         n_layers = len(self.decoder_layers)
         if not self.layer_ids or self.layer_ids[-1] >= n_layers:
             raise UserError(f"target_layer_ids {layer_ids} out of range for a {n_layers}-layer target")
@@ -140,13 +146,15 @@ class Target(nn.Module):
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         """An explicit attention mask for the target, sliding windows included.
         visible: bool [n, 1, Q, K]; q_pos: [n, Q] and k_pos: [n, K] absolute positions of the queries
-        and of the cache slots. HF takes a 4D mask as is, so a model with sliding-window layers (Gemma 3)
-        gets one mask per layer type, the sliding one also hiding keys `sliding_window` or more back."""
-        window = getattr(self.config, "sliding_window", None)
-        if not window or "sliding_attention" not in (getattr(self.config, "layer_types", None) or []):
+        and of the cache slots. HF takes a 4D mask as is, so a sliding window is applied here, hiding keys
+        `sliding_window` or more back: in one mask per layer type where the layers' types differ (Gemma 3),
+        in the one mask where every layer slides (Mistral)."""
+        if self.sliding_window is None:
             return visible
-        near = (q_pos[:, None, :, None] - k_pos[:, None, None, :]) < window
-        return {"full_attention": visible, "sliding_attention": visible & near}
+        near = (q_pos[:, None, :, None] - k_pos[:, None, None, :]) < self.sliding_window
+        if self.window_by_layer_type:
+            return {"full_attention": visible, "sliding_attention": visible & near}
+        return visible & near
 
     def compile_features(self) -> None:
         """torch.compile the forward of each layer up to the last tap, for `features` only (decoding,

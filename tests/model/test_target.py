@@ -1,0 +1,41 @@
+"""The target's explicit decoding mask: HF takes a 4D mask as is, so `Target.layer_masks` must hide
+what the model's own mask hides, sliding windows included, or decoding past a window is no longer the
+target's."""
+
+import pytest
+import torch
+import transformers
+
+from blockdraft.model.target import Target
+from tests.conftest import TINY_TARGET
+
+WINDOW, LENGTH = 8, 30  # prompts longer than the window
+
+SLIDING = {
+    # sliding layers named in layer_types
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               {"layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+                "query_pre_attn_scalar": 16}),
+    # no layer_types: with sliding_window set, every layer slides (Mistral-7B-v0.1, Phi-3-mini)
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
+}
+
+
+@pytest.mark.parametrize("name", SLIDING)
+def test_the_explicit_mask_hides_what_the_models_own_mask_hides(name):
+    config_class, model_class, settings = SLIDING[name]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, config_class)(vocab_size=64, sliding_window=WINDOW, initializer_range=0.3,
+                                              **{**TINY_TARGET, **settings})
+    model = getattr(transformers, model_class)(cfg).eval()
+    target = Target(model, [0])
+    ids = torch.randint(0, 64, (1, LENGTH))
+    pos = torch.arange(LENGTH)[None]
+    causal = torch.ones(LENGTH, LENGTH, dtype=torch.bool).tril()[None, None]  # [1, 1, Q, K]
+    with torch.no_grad():
+        own = model(ids).logits
+        explicit = model(ids, attention_mask=target.layer_masks(causal, pos, pos)).logits
+        unwindowed = model(ids, attention_mask=causal).logits
+    assert not torch.allclose(own, unwindowed, atol=1e-4)  # the window matters at this length
+    torch.testing.assert_close(explicit, own, atol=1e-5, rtol=1e-5)
