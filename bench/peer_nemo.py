@@ -72,6 +72,7 @@ from blockdraft.config import Config
 from blockdraft.errors import UserError
 from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 from blockdraft.model.target import resolve_mask_token, target_dtype
+from blockdraft.telemetry.console import or_dash
 
 MODES = ("pad-max", "pad-longest", "pack")
 PAD_ID = 0  # any id: padding is masked out of the target's attention and of the loss
@@ -408,13 +409,10 @@ def ratios(ours: dict[str, Any], peer: list[dict[str, Any]]) -> list[dict[str, A
 
 def row(r: dict[str, Any], trainer: str) -> None:
     """One measured run's line, NeMo's or ours: the same fields (measure.summarize_rows)."""
-    def pct(x: float | None) -> str:
-        return "-" if x is None else f"{x:.1%}"
-
-    mem = "-" if r["peak_mem_gb"] is None else f"{r['peak_mem_gb']:.1f}"
     print(f"{r['profile']:8} {trainer:12} {r['tokens_per_s']:10,.0f} {r['tokens_per_s_wall']:10,.0f} "
-          f"{r['blocks_per_s']:10,.0f} {r['blocks_per_1k_tokens']:9.0f} {r['pad_frac']:6.1%} {pct(r['mfu']):>6} "
-          f"{pct(r['mfu_wall']):>8} {mem:>8} {r['graphs_compiled']:6} {r['slow_steps']:4}")
+          f"{r['blocks_per_s']:10,.0f} {r['blocks_per_1k_tokens']:9.0f} {r['pad_frac']:6.1%} "
+          f"{or_dash(r['mfu'], '.1%'):>6} {or_dash(r['mfu_wall'], '.1%'):>8} {or_dash(r['peak_mem_gb'], '.1f'):>8} "
+          f"{r['graphs_compiled']:6} {r['slow_steps']:4}")
 
 
 def render(report: dict[str, Any]) -> None:
