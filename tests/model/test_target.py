@@ -7,18 +7,15 @@ import torch
 import transformers
 
 from blockdraft.model.target import Target
-from tests.conftest import TINY_TARGET
+from tests.conftest import MORE_ARCHITECTURES, TINY_TARGET
 
 WINDOW, LENGTH = 8, 30  # prompts longer than the window
 
 SLIDING = {
-    # sliding layers named in layer_types
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
-               {"layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
-                "query_pre_attn_scalar": 16}),
+    "gemma3": MORE_ARCHITECTURES["gemma3"],  # sliding layers named in layer_types (its window: 16)
     # no layer_types: with sliding_window set, every layer slides (Mistral-7B-v0.1, Phi-3-mini)
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0}),
+    "phi3": MORE_ARCHITECTURES["phi3"],
 }
 
 
@@ -26,8 +23,8 @@ SLIDING = {
 def test_the_explicit_mask_hides_what_the_models_own_mask_hides(name):
     config_class, model_class, settings = SLIDING[name]
     torch.manual_seed(0)
-    cfg = getattr(transformers, config_class)(vocab_size=64, sliding_window=WINDOW, initializer_range=0.3,
-                                              **{**TINY_TARGET, **settings})
+    cfg = getattr(transformers, config_class)(vocab_size=64, initializer_range=0.3,
+                                              **{**TINY_TARGET, "sliding_window": WINDOW, **settings})
     model = getattr(transformers, model_class)(cfg).eval()
     target = Target(model, [0])
     ids = torch.randint(0, 64, (1, LENGTH))
