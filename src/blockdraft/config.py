@@ -24,7 +24,7 @@ LrShape = Literal["cosine", "linear", "constant"]
 LR_SHAPES: tuple[str, ...] = get_args(LrShape)  # in this order the doctor tries them, so a tie goes to the first
 DataFormat = Literal["auto", "messages", "conversations", "text"]
 DATA_FORMATS: tuple[str, ...] = get_args(DataFormat)  # "auto", then the record key each other format reads
-BLOCK_CLASS_RATIO = 2**0.125  # between block-count classes: 9% padding at most, 8 classes an octave
+BLOCK_CLASS_RATIO = 2**0.125  # a ladder of 8 block-count classes an octave: how many classes a run fits
 
 
 class Section(BaseModel):
@@ -121,8 +121,8 @@ class TrainConfig(Section):
         "auto", description="pad each pass's packed length to the token budget and its block count to a "
         "bounded ladder, so a length mix compiles nothing after the warm-up (auto: when the drafter is "
         "compiled); train/shapes.py")
-    block_class_ratio: float = Field(BLOCK_CLASS_RATIO, ge=1, description="block-count ladder: multiples of "
-                                     "128/B blocks, then this ratio between classes")
+    block_class_ratio: float = Field(BLOCK_CLASS_RATIO, ge=1, description="how many block-count classes: as "
+                                     "many as a ladder of this ratio gives the run's passes, then fitted to them")
     max_blocks_per_pass: int | None = Field(
         None, ge=1, description="split a micro-batch above this many blocks; default 1536 with flex attention "
         "(GPU), num_anchors with the dense mask (CPU), whose cost grows with the square of a pass")

@@ -89,7 +89,8 @@ def test_summary_names_the_slow_updates_and_the_last_compile():
     from blockdraft.bench.measure import summarize_rows
 
     rows = [{"update": k, "step_time": 1.0, "wait": 0.0, "tokens": 1000, "padded": 1100, "blocks": 400,
-             "graphs": 7, "flops_target": 1e12, "flops_drafter": 1e12, "loss": 1.0} for k in range(11, 21)]
+             "blocks_run": 440, "blocks_sampled": 400, "graphs": 7, "flops_target": 1e12, "flops_drafter": 1e12,
+             "loss": 1.0} for k in range(11, 21)]
     rows[3]["step_time"] = 30.0  # a recompile inside the window
     for r in rows[3:]:
         r["graphs"] = 9
@@ -99,6 +100,7 @@ def test_summary_names_the_slow_updates_and_the_last_compile():
     assert out["graphs_compiled"] == 2 and out["graphs_compiled_total"] == 9 and out["last_compile_update"] == 14
     assert out["tokens_per_s"] == 1000 and out["tokens_per_s_wall"] == pytest.approx(10_000 / 39)
     assert out["blocks_per_s"] == 400 and out["blocks_per_1k_tokens"] == 400
+    assert out["filler_block_frac"] == pytest.approx(40 / 440)  # padding to the block classes
     assert out["loss_finite"] is True
 
 
@@ -108,6 +110,7 @@ def test_the_window_mfu_counts_every_update_s_flops_over_the_window_s_time():
     from blockdraft.bench.measure import summarize_rows
 
     rows = [{"update": k, "step_time": t, "wait": 0.0, "tokens": n, "padded": n, "blocks": n // 4, "graphs": 0,
+             "blocks_run": n // 4, "blocks_sampled": n // 4,
              "flops_target": f, "flops_drafter": f, "loss": 1.0}
             for k, (t, n, f) in enumerate([(1.0, 1000, 50e12), (2.0, 3000, 150e12), (1.0, 1000, 50e12)])]
     out = summarize_rows(rows, 0.5, peak=1000.0)
@@ -123,7 +126,8 @@ def test_a_non_finite_loss_fails_the_bench_whatever_its_rates(monkeypatch, capsy
     from blockdraft.commands import bench
 
     rows = [{"update": k, "step_time": 1.0, "wait": 0.0, "tokens": 1000, "padded": 1000, "blocks": 400, "graphs": 0,
-             "flops_target": 1e12, "flops_drafter": 1e12, "loss": float("nan") if k == 3 else 1.0} for k in range(6)]
+             "blocks_run": 400, "blocks_sampled": 400, "flops_target": 1e12, "flops_drafter": 1e12,
+             "loss": float("nan") if k == 3 else 1.0} for k in range(6)]
     profile = {**summarize_rows(rows, 0.5, None), "profile": "full"}
     assert profile["loss_finite"] is False
     report = {"profiles": [profile], "checkpoint_stall": {}}

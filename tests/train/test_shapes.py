@@ -1,11 +1,14 @@
 """Shape classes: a bounded ladder of padded sizes, and padding that leaves the update as it was."""
 
+import itertools
+import random
+
 import pytest
 import torch
 
 from blockdraft.data.cost import dataset_blocks
 from blockdraft.train.loop import Trainer
-from blockdraft.train.shapes import ShapeClasses, size_class
+from blockdraft.train.shapes import ShapeClasses, fit_sizes, size_class
 
 
 def ladder(limit: int, quantum: int, ratio: float) -> list[int]:
@@ -30,6 +33,77 @@ def test_classes_are_tile_multiples_above_the_size_and_few():
     assert len(ladder(1536, shapes.block_quantum, shapes.block_ratio)) == 40  # every block class up to 1536 blocks
 
 
+def _padding(counts, sizes) -> int:
+    """Filler blocks when each count takes the smallest size >= it."""
+    return sum(min(c for c in sizes if c >= max(n, 1)) - n for n in counts)
+
+
+def test_fitted_sizes_pad_least_of_any_choice_of_as_many():
+    """Against every choice of at most k sizes among the rounded counts (an optimal size sits on one),
+    the largest covering them all."""
+    rng = random.Random(0)
+    for _ in range(200):
+        quantum = rng.choice([1, 8])
+        counts = [rng.randint(0, 200) for _ in range(rng.randint(1, 25))]
+        k = rng.randint(1, 5)
+        sizes = fit_sizes(counts, k, quantum)
+        values = sorted({-(-max(n, 1) // quantum) * quantum for n in counts})
+        assert len(sizes) <= k and sizes[-1] == values[-1] and all(c % quantum == 0 for c in sizes)
+        best = min(_padding(counts, (*rest, values[-1]))
+                   for m in range(min(k, len(values))) for rest in itertools.combinations(values[:-1], m))
+        assert _padding(counts, sizes) == best
+    assert fit_sizes([], 4, 8) == ()
+
+
+@pytest.mark.parametrize("profile", ["full", "mix"])
+def test_classes_fitted_to_the_bench_plan_pad_less_than_the_ladder_with_no_more_classes(profile):
+    """The 8B bench's plans (qwen3-8b shape, 512 anchors, 2 x 3,072 tokens): at full length every pass has
+    1,024 blocks, a class of its own (the ladder's is 1,072); on the chat-like mix a tenth of the
+    ladder's filler blocks remains, in as many classes."""
+    from blockdraft.bench.shapes import target_config
+    from blockdraft.bench.synthetic import SyntheticDataset
+    from blockdraft.config import build_config
+    from blockdraft.data.batching import BatchSampler
+    from blockdraft.data.cost import anchor_candidates, dataset_costs
+    from blockdraft.train.hotpath import RunPlan, pass_blocks
+
+    cfg = build_config({"target": {"path": "<qwen3-8b>"}, "data": {"max_len": 3072, "tokens_per_batch": 6144},
+                        "train": {"num_anchors": 512}}, [])
+    hf_cfg = target_config("qwen3-8b", None)
+    data = SyntheticDataset(profile, 3072, hf_cfg.vocab_size, 2048)
+    candidates = anchor_candidates(data, cfg.drafter.block_size)
+    sampler = BatchSampler(data.lengths, cfg.data, seed=0,
+                           costs=dataset_costs(data, hf_cfg, cfg, [1, 9, 17, 25, 33], candidates))
+    plan = RunPlan.of(data, sampler, dataset_blocks(data, cfg, candidates), epochs=1)
+    counts = [v for _, blocks in plan.rows for v in pass_blocks(blocks, 1536)]
+    ladder = ShapeClasses.for_budget(16, 6144)
+    fitted = ladder.fitted(counts)
+    assert len(fitted.block_sizes) <= len({ladder.blocks(v) for v in counts})
+    assert all(fitted.blocks(v) >= v and fitted.blocks(v) % 8 == 0 for v in counts)
+    filler_ladder = sum(ladder.blocks(v) - v for v in counts) / sum(counts)
+    filler_fitted = sum(fitted.blocks(v) - v for v in counts) / sum(counts)
+    if profile == "full":
+        assert set(counts) == {1024} and fitted.block_sizes == (1024,)
+        assert filler_fitted == 0 and filler_ladder == pytest.approx(48 / 1024)
+    else:
+        assert filler_ladder > 0.03 and filler_fitted < filler_ladder / 4
+    assert fitted.blocks(max(counts) + 1) == ladder.blocks(max(counts) + 1)  # above the plan: the ladder
+
+
+def test_a_run_packs_every_pass_into_a_class_fitted_to_its_plan(tiny_config):
+    """The trainer fits the classes before its prefetcher packs the first batch: every pass it deals
+    takes one of them."""
+    trainer = Trainer(tiny_config(train={"shape_classes": True}), show_console=False)
+    try:
+        sizes = trainer.hot.shapes.block_sizes
+        assert sizes
+        for _ in range(6):
+            batch = trainer.prefetcher.next()
+            assert all(p.packed.padded_blocks in sizes for p in batch.passes)
+    finally:
+        trainer.prefetcher.close()
+
+
 def _first_update(cfg, seed: int = 0, warm_up: bool = False):
     """(stats vector, gradients, the pass's (L', V')) of update 1 on the first batch; with `warm_up`, after
     the warm-up of the plan's picks (checked to leave RNG and gradients as they were)."""
@@ -43,7 +117,7 @@ def _first_update(cfg, seed: int = 0, warm_up: bool = False):
     if warm_up:
         trainer.hot.compile = True  # what warm_up looks at; the tiny config runs on the CPU's plain path
         rng = torch.get_rng_state()
-        picks = trainer.hot.warmup_batches(trainer.dataset, trainer.sampler, dataset_blocks(trainer.dataset, cfg), 2)
+        picks = trainer.hot.warmup_batches(trainer.dataset, trainer.plan)
         assert trainer.hot.warm_up(picks) >= 2
         assert torch.equal(torch.get_rng_state(), rng)
         assert all(p.grad is None for p in trainer.drafter.parameters())
@@ -77,7 +151,7 @@ def test_a_compiled_length_mix_compiles_nothing_after_the_shape_warm_up():
     from blockdraft.config import build_config
     from blockdraft.data.batching import BatchSampler
     from blockdraft.data.prefetch import Prefetcher
-    from blockdraft.train.hotpath import HotPath, graphs_compiled
+    from blockdraft.train.hotpath import HotPath, RunPlan, graphs_compiled
 
     cfg = build_config({"target": {"path": "<tiny>"}, "drafter": {"num_layers": 1, "num_taps": 2},
                         "data": {"max_len": 256, "tokens_per_batch": 512},
@@ -92,7 +166,9 @@ def test_a_compiled_length_mix_compiles_nothing_after_the_shape_warm_up():
     data = SyntheticDataset("mix", 256, 512, 500, median=90, sigma=0.7)
     counts, shapes = [], set()
     sampler = BatchSampler(data.lengths, cfg.data, seed=0)
-    assert hot.warm_up(hot.warmup_batches(data, sampler, dataset_blocks(data, cfg), epochs=1)) >= 3
+    plan = RunPlan.of(data, sampler, dataset_blocks(data, cfg), epochs=1)
+    hot.fit_shapes(plan)
+    assert hot.warm_up(hot.warmup_batches(data, plan)) >= 3
     assert graphs_compiled() > 0 and all(p.grad is None for p in drafter.parameters())
     with Prefetcher(data, sampler, depth=2, pin_memory=False, prepare=hot.prepare) as prefetcher:
         before = graphs_compiled()

@@ -94,7 +94,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     from blockdraft.data.batching import BatchSampler
     from blockdraft.data.prefetch import Prefetcher
     from blockdraft.train.distributed import sum_over_ranks
-    from blockdraft.train.hotpath import graphs_compiled
+    from blockdraft.train.hotpath import RunPlan, graphs_compiled
     from blockdraft.train.loss import StepSums
 
     device = hot.device
@@ -113,8 +113,10 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     _sync(device)
     t0, before = time.perf_counter(), graphs_compiled()
     epochs = math.ceil((args.warmup + args.steps) * cfg.train.grad_accum / max(1, sampler.batches_per_epoch))
-    # the graphs of every pass shape of the plan, as `blockdraft train` compiles them before update 1
-    warm_passes = hot.warm_up(hot.warmup_batches(dataset, sampler, dataset_blocks(dataset, cfg, candidates), epochs))
+    # block classes fitted to the plan, and the graphs of its every pass shape, as `blockdraft train` has them
+    plan = RunPlan.of(dataset, sampler, dataset_blocks(dataset, cfg, candidates), epochs)
+    hot.fit_shapes(plan)
+    warm_passes = hot.warm_up(hot.warmup_batches(dataset, plan))
     _sync(device)
     warm = {"warmup_passes": warm_passes, "warmup_s": time.perf_counter() - t0,
             "warmup_graphs_compiled": graphs_compiled() - before}
@@ -130,6 +132,8 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
             micro = [prefetcher.next() for _ in range(cfg.train.grad_accum)]
             wait = time.perf_counter() - t0
             work = [draft_work(p.packed) for mb in micro for p in mb.passes]
+            blocks_run = sum(p.packed.padded_blocks for mb in micro for p in mb.passes)  # filler included
+            blocks_sampled = sum(p.packed.num_blocks for mb in micro for p in mb.passes)
             lengths = [int(n) for mb in micro for n in mb.lengths.tolist()]
             padded = sum(mb.padded_tokens for mb in micro)
             micro = [hot.to_device(mb) for mb in micro]
@@ -149,7 +153,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
             fl_d += 2 * 2 * labels * d_dims.hidden * hf_cfg.vocab_size  # lm_head: forward + input gradient
             rows.append({"update": k, "step_time": step_time, "wait": wait, "tokens": all_tokens,
                          "padded": all_padded, "blocks": sums.blocks, "graphs": graphs_compiled(),
-                         "passes": len(work),
+                         "passes": len(work), "blocks_run": blocks_run, "blocks_sampled": blocks_sampled,
                          "flops_target": fl_t, "flops_drafter": fl_d, "loss": sums.loss})
             if len(kept) < 4:
                 kept.append(micro)
@@ -225,6 +229,10 @@ def summarize_rows(
         "step_time_s": step,
         "tokens_per_step": tokens,
         "pad_frac": 1 - total_tokens / sum(r["padded"] for r in rows),
+        # blocks the drafter ran that carry no label: padding up to the passes' block classes (this rank's;
+        # None for a trainer that does not say)
+        "filler_block_frac": 1 - sum(r["blocks_sampled"] for r in rows) / sum(r["blocks_run"] for r in rows)
+        if all(r.get("blocks_run") for r in rows) else None,
         "tflops": tflops,
         "tflops_wall": tflops_wall,
         "target_time_share": target_time / step,

@@ -78,7 +78,7 @@ def render(report: dict[str, Any]) -> None:
                           "(over 2x the median) and graphs compiled while measuring show recompiles")
     for col in ("lengths", "updates", "tokens/s (real)", "wall", "per GPU", "blocks/s", "blocks/1k tok", "slow steps",
                 "graphs compiled", "step s", "tokens/step",
-                "pad", "TFLOP/s", "MFU", "MFU wall",
+                "pad", "filler blocks", "TFLOP/s", "MFU", "MFU wall",
                 "MFU target", "MFU drafter", "target share", "data wait", "peak GB", "fast vs plain"):
         table.add_column(col, justify="right")
     for r in report["profiles"]:
@@ -90,7 +90,8 @@ def render(report: dict[str, Any]) -> None:
                       f"{r['tokens_per_s_per_gpu']:,.0f}", f"{r['blocks_per_s']:,.0f}",
                       f"{r['blocks_per_1k_tokens']:.0f}", str(r["slow_steps"]), str(r["graphs_compiled"]),
                       f"{r['step_time_s']:.3f}",
-                      f"{r['tokens_per_step']:,.0f}", f"{r['pad_frac']:.1%}", f"{r['tflops']:.0f}",
+                      f"{r['tokens_per_step']:,.0f}", f"{r['pad_frac']:.1%}", or_dash(r["filler_block_frac"], ".1%"),
+                      f"{r['tflops']:.0f}",
                       or_dash(r["mfu"], ".1%"), or_dash(r["mfu_wall"], ".1%"), or_dash(r["mfu_target"], ".1%"),
                       or_dash(r["mfu_drafter"], ".1%"),
                       f"{r['target_time_share']:.0%}", f"{r['data_wait_share']:.1%}", or_dash(r["peak_mem_gb"], ".1f"),

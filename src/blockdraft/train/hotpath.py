@@ -85,6 +85,26 @@ def graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+@dataclass
+class RunPlan:
+    """The micro-batches of a run's first epochs, every rank's, in the sampler's order: what the block
+    classes are fitted to (`HotPath.fit_shapes`) and the warm-up picks from (`warmup_picks`)."""
+
+    slots: list[tuple[int, int, np.ndarray]]  # (epoch, bucket, sample ids)
+    rows: list[tuple[list[int], list[int]]]  # per slot: (row lengths, row blocks)
+
+    @classmethod
+    def of(cls, dataset: Any, sampler: BatchSampler, blocks: np.ndarray, epochs: int) -> RunPlan:
+        """`blocks`: the samples' blocks (`data.cost.dataset_blocks`)."""
+        slots = [(e, b, ids) for e in range(epochs) for b, ids in sampler.global_plan(e)]
+        return cls(slots, [(dataset.lengths[ids].tolist(), blocks[ids].astype(int).tolist()) for _, _, ids in slots])
+
+
+def pass_blocks(row_blocks: list[int], max_blocks: int) -> list[int]:
+    """The block count of each pass a micro-batch with these rows' blocks is split into (`prepare`)."""
+    return [sum(row_blocks[r] for r in rows) for rows in split_rows(row_blocks, max_blocks)]
+
+
 def warmup_picks(micro_batches: list[tuple[list[int], list[int]]], shapes: ShapeClasses, max_blocks: int) -> list[int]:
     """micro_batches: the plan's (row lengths, row blocks) -> which of them to run before update 1 so that
     every graph the plan needs is compiled: for each block class its passes take, the first micro-batch
@@ -94,8 +114,8 @@ def warmup_picks(micro_batches: list[tuple[list[int], list[int]]], shapes: Shape
     first: dict[int, int] = {}
     seen: dict[int, int] = {}
     for i, (_, blocks) in enumerate(micro_batches):
-        for rows in split_rows(blocks, max_blocks):
-            c = shapes.blocks(sum(blocks[r] for r in rows))
+        for count in pass_blocks(blocks, max_blocks):
+            c = shapes.blocks(count)
             first.setdefault(c, i)
             seen[c] = seen.get(c, 0) + 1
     picks = [first[c] for c in sorted(first, key=lambda c: (-seen[c], c))]
@@ -174,8 +194,9 @@ class HotPath:
         # noise given as a tensor at every update of a run that has any: None at the end of a decaying
         # schedule would be another graph, compiled late
         self.noisy = cfg.noise.std > 0 or cfg.noise.final_std > 0
-        # the mask_mod's captured tensors at one size for the whole run: the largest block class
-        self.capture = self.shapes.blocks(self.max_blocks) if self.shapes is not None and self.attention == "flex" \
+        # the mask_mod's captured tensors at one size for the whole run: the ladder's class for the most
+        # blocks a pass holds, which no fitted class exceeds
+        self.capture = self.shapes.ladder(self.max_blocks) if self.shapes is not None and self.attention == "flex" \
             else None
         if self.compile:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
@@ -256,16 +277,20 @@ class HotPath:
         """Whether `warm_up` does anything: only compiled passes with shape classes have graphs to meet."""
         return self.compile and self.shapes is not None
 
-    def warmup_batches(self, dataset: Any, sampler: BatchSampler, blocks: np.ndarray, epochs: int) -> list[Batch]:
-        """The micro-batches of the plan's first `epochs` epochs (all ranks' alike) that `warmup_picks`
-        chooses, collated; `blocks` are the samples' blocks (`data.cost.dataset_blocks`)."""
+    def fit_shapes(self, plan: RunPlan) -> None:
+        """Block classes placed where the plan's passes are (`ShapeClasses.fitted`). Call it before the
+        first micro-batch is packed (`prepare`), so that every pass of the run takes a fitted class."""
+        if self.shapes is not None:
+            counts = [v for _, blocks in plan.rows for v in pass_blocks(blocks, self.max_blocks)]
+            self.shapes = self.shapes.fitted(counts)
+
+    def warmup_batches(self, dataset: Any, plan: RunPlan) -> list[Batch]:
+        """The plan's micro-batches that `warmup_picks` chooses, collated."""
         if not self.warms_up:
             return []
-        plan = [(e, b, ids) for e in range(epochs) for b, ids in sampler.global_plan(e)]
-        rows = [(dataset.lengths[ids].tolist(), blocks[ids].astype(int).tolist()) for _, _, ids in plan]
         out = []
-        for i in warmup_picks(rows, self.shapes, self.max_blocks):
-            e, b, ids = plan[i]
+        for i in warmup_picks(plan.rows, self.shapes, self.max_blocks):
+            e, b, ids = plan.slots[i]
             lengths = dataset.lengths[ids]
             planned = PlannedBatch(e, i, b, ids, int(lengths.sum()), int(lengths.max()) * len(ids), 0.0)
             out.append(collate(dataset, planned, 1, pin=False))

@@ -58,7 +58,7 @@ from blockdraft.train.hooks import (
     StopOnSignal,
     TimeBudgetHook,
 )
-from blockdraft.train.hotpath import DraftForward, HotPath, graphs_compiled
+from blockdraft.train.hotpath import DraftForward, HotPath, RunPlan, graphs_compiled
 from blockdraft.train.loss import summarize
 from blockdraft.train.optimizer import build_optimizer
 from blockdraft.train.state import DataFeed, RngState, TrainState
@@ -125,6 +125,12 @@ class Trainer:
         self.total_steps = total_updates(cfg.train.max_steps, cfg.train.epochs, self.sampler.updates_per_epoch)
         self.warmup_steps = warmup_updates(cfg.optim.warmup_steps, cfg.optim.warmup_ratio, self.total_steps)
         self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim, self.device)
+        # the run's passes, for the block classes (fitted before the prefetcher packs a batch) and the warm-up
+        self.plan = RunPlan.of(self.dataset, self.sampler, dataset_blocks(self.dataset, cfg, self.anchor_scan),
+                               math.ceil(self.total_steps / self.sampler.updates_per_epoch)) \
+            if self.hot.shapes is not None else None
+        if self.plan is not None:
+            self.hot.fit_shapes(self.plan)
         self.prefetcher = Prefetcher(self.dataset, self.sampler, depth=cfg.data.prefetch_depth,
                                      pin_memory=self.device.type == "cuda", prepare=self.hot.prepare)
 
@@ -256,9 +262,7 @@ class Trainer:
         if not self.hot.warms_up:
             return
         t0 = time.time()
-        epochs = math.ceil(self.total_steps / self.sampler.updates_per_epoch)
-        blocks = dataset_blocks(self.dataset, self.cfg, self.anchor_scan)
-        batches = self.hot.warmup_batches(self.dataset, self.sampler, blocks, epochs)
+        batches = self.hot.warmup_batches(self.dataset, self.plan)
         passes = self.hot.warm_up(batches)
         if passes:
             self.log.write("warmup", self.step, passes=passes, seconds=time.time() - t0,
