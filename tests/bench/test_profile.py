@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from blockdraft.bench.profile import UNRANGED, kernel_kind, kernel_summary, summary_table
+from blockdraft.bench.profile import UNRANGED, gaps_table, idle_gaps, kernel_kind, kernel_summary, summary_table
 from blockdraft.cli import main
 
 # kernel names as the H200 profile of a Qwen3-8B-shaped update showed them (2026-12-02)
@@ -55,6 +55,41 @@ def test_summary_attributes_each_kernel_to_the_range_it_started_in_per_update():
     assert all(kind in table.splitlines()[1] for kind in s["by_kind"])  # each name whole ("fused elementwise")
 
 
+def launched(name, ts, dur, correlation, tid=1):
+    """A kernel and the host call that enqueued it."""
+    return [{"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"correlation": correlation}},
+            {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts - 5, "dur": 3, "tid": tid,
+             "args": {"correlation": correlation}}]
+
+
+def host(cat, name, ts, dur, tid=1):
+    return {"cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+
+def test_idle_gaps_are_put_down_to_the_host_op_that_launched_the_work_ending_them():
+    trace = {"traceEvents": [
+        *launched("nvjet_a", 100, 500, 1),
+        *launched("triton_b", 300, 100, 2),  # inside a's span: no gap after b
+        *launched("nvjet_c", 1600, 200, 3),  # 1000 us after a ends: launched inside the optimizer's fused step
+        *launched("triton_d", 1805, 50, 4),  # 5 us: launch latency, not counted
+        *launched("nvjet_e", 2055, 100, 5),  # 200 us, launched by aten::mm under no range
+        host("user_annotation", "optimizer", 1000, 700),
+        host("cpu_op", "Optimizer.step#AdamW.step", 1010, 680),
+        host("cpu_op", "aten::_fused_adamw_", 1500, 150),  # the innermost op covering c's launch at 1595
+        host("cpu_op", "aten::mm", 2000, 60),
+        host("cpu_op", "aten::mm", 1590, 100, tid=2),  # another thread: not c's launcher
+    ]}
+    g = idle_gaps(trace, updates=2)
+    assert g["idle_ms"] == pytest.approx((1000 + 200) / 1e3 / 2)
+    assert g["by_cause"] == [{"range": "optimizer", "op": "aten::_fused_adamw_", "ms": pytest.approx(0.5)},
+                             {"range": UNRANGED, "op": "aten::mm", "ms": pytest.approx(0.1)}]
+    first, second = g["longest"]
+    assert (first["ms"], first["before"], first["after"]) == (pytest.approx(1.0), "triton_b", "nvjet_c")
+    assert second["ms"] == pytest.approx(0.2) and second["after"] == "nvjet_e"
+    table = gaps_table(g)
+    assert ": 0.6 ms," in table.splitlines()[0] and "aten::_fused_adamw_" in table.splitlines()[2]
+
+
 def test_bench_profile_on_the_cpu_writes_the_op_table_and_trace(tmp_path, capsys):
     """The ranges the hot path opens reach the profiler (the kernel summary itself needs a GPU)."""
     rc = main(["bench", "--target-shape", "tiny", "--lengths", "full", "--steps", "1", "--warmup", "0", "--seq-len",
@@ -63,4 +98,4 @@ def test_bench_profile_on_the_cpu_writes_the_op_table_and_trace(tmp_path, capsys
     assert rc == 0
     assert (tmp_path / "full-ops.txt").exists() and not (tmp_path / "full-kernels.txt").exists()
     names = {e.get("name") for e in json.loads((tmp_path / "full-trace.json").read_text())["traceEvents"]}
-    assert {"target", "mask", "drafter", "loss", "clip"} <= names
+    assert {"target", "mask", "drafter", "loss", "clip", "Optimizer.step#AdamW.step"} <= names  # whole updates

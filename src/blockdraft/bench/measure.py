@@ -165,7 +165,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     if args.profile:
         from blockdraft.bench.profile import write_profile
 
-        write_profile(hot, kept[0], args.profile, profile)
+        write_profile(hot, optimizer, kept[0], args.profile, profile)
     if not args.no_check:
         result["check"] = check_fast_against_plain(hot, cfg, dataset)
     return result
