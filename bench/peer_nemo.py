@@ -1,10 +1,11 @@
-"""A peer trainer's DFlash hot path on the shapes and synthetic mix of `blockdraft bench`: NeMo AutoModel.
+"""A peer trainer's DFlash hot path on the shapes and length profiles of `blockdraft bench`: NeMo AutoModel.
 
 Issue 19 sets its throughput targets as ratios to NeMo AutoModel 0.7.0's DFlash trainer, so this runs
 that trainer's own step (its `HFDFlashTargetModel` target forward, `DFlashTrainerModule` forward with
 its anchor sampling, mask, drafter and decay loss, backward, grad clipping, AdamW) on a random target
 of a `--target-shape`, the drafter shape of the blockdraft config, and the `blockdraft bench` length
-profiles, in each of its three padding modes:
+profiles (synthetic `full` and `mix`, or `data`: the `--data` files, tokenised with the `--target`
+folder's tokenizer, the same samples as ours), in each of its three padding modes:
 
   pad-max      every sample padded to --seq-len (its dataloader's padding="max_length", the default)
   pad-longest  the micro-batch's samples padded to its longest, then its _stack_batch (its SFT loaders'
@@ -13,10 +14,13 @@ profiles, in each of its three padding modes:
                greedily into --seq-len rows (build_packed_eagle3_dataset, _pack_collate)
 
 A micro-batch is --micro-batch rows (samples, or packed rows) and an update `train.grad_accum`
-micro-batches, as in its recipe. Its anchor rule (DFlashTrainerModule._sample_anchor_positions):
-per ROW, min(num_anchors, v) anchors drawn uniformly among the v positions a <= width - B with
-loss_mask[a] = 1, in pack mode also with B - 1 more real tokens of its document after a. So a packed
-row of several samples gets num_anchors blocks in all, not num_anchors per sample.
+micro-batches, as in its recipe. Samples are taken epoch after epoch, each cut to --seq-len as its
+ChatDataset cuts them: a user's data shuffled each epoch, as its loader (shuffle=True) draws it;
+synthetic samples, already in random order, as they are. Its anchor rule
+(DFlashTrainerModule._sample_anchor_positions): per ROW, min(num_anchors, v) anchors drawn uniformly
+among the v positions a <= width - B with loss_mask[a] = 1, in pack mode also with B - 1 more real
+tokens of its document after a. So a packed row of several samples gets num_anchors blocks in all,
+not num_anchors per sample.
 
 Reported as `blockdraft bench --json` does, with the same field names (measure.summarize_rows):
 tokens_per_s (median update, real tokens), tokens_per_s_wall, blocks_per_s and blocks_per_1k_tokens
@@ -43,6 +47,9 @@ per length profile keeps each under the 10-minute limit):
 CPU smoke run:
   PYTHONPATH=src:/tmp/nemo-site python bench/peer_nemo.py --target-shape tiny --seq-len 256 \\
       --mix-median 120 --steps 3 --warmup 1 --ours --no-check drafter.num_layers=2 drafter.block_size=8
+On your own training files (the data profile; a target folder with its tokenizer):
+  PYTHONPATH=src:/tmp/site python3 bench/peer_nemo.py --target DIR --modes pad-longest,pack --ours --json \\
+      --data chats.jsonl
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import math
 import statistics
@@ -63,12 +71,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from blockdraft.bench.datasets import UserData, bench_dataset, bench_profiles, prepare_user_data
 from blockdraft.bench.measure import nominal_peak, summarize_rows
-from blockdraft.bench.synthetic import SyntheticDataset
 from blockdraft.commands import bench as bench_command
 from blockdraft.config import Config
+from blockdraft.data.cache import Samples
 from blockdraft.errors import UserError
 from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 from blockdraft.model.target import resolve_mask_token, target_dtype
@@ -78,6 +88,7 @@ MODES = ("pad-max", "pad-longest", "pack")
 PAD_ID = 0  # any id: padding is masked out of the target's attention and of the loss
 NEMO_GAMMA = 7.0  # its recipe's loss_decay_gamma default
 NEMO_MAX_GRAD_NORM = 1.0  # its recipe's max_grad_norm default
+NEMO_SHUFFLE_SEED = 42  # its recipe's shuffle_seed default
 # Issue 19: ours over NeMo in the same call (tokens/s at full length, supervised blocks/s on the mix).
 TARGETS = {("full", "pad-max", "tokens_per_s"): 1.6, ("mix", "pad-longest", "blocks_per_s"): 2.5,
            ("mix", "pack", "blocks_per_s"): 1.5}
@@ -276,11 +287,20 @@ def _recording(cls: type) -> type:
     return Recording
 
 
-def micro_batches(mode: str, dataset: SyntheticDataset, nemo: types.SimpleNamespace, seq_len: int, rows: int,
-                  count: int) -> Iterator[dict[str, torch.Tensor]]:
-    """`count` micro-batches of `rows` rows in dataset order, collated by NeMo's own collate functions
-    from the Python lists its datasets yield (collation happens when each is drawn, as in its loader)."""
-    samples = ((ids.tolist(), mask.astype(int).tolist()) for ids, mask in map(dataset.sample, range(len(dataset))))
+def sample_order(size: int, shuffle_seed: int | None) -> Iterator[int]:
+    """Sample indices epoch after epoch: in dataset order, or shuffled each epoch (seeded)."""
+    for epoch in itertools.count():
+        yield from (range(size) if shuffle_seed is None else
+                    np.random.default_rng((shuffle_seed, epoch)).permutation(size).tolist())
+
+
+def micro_batches(mode: str, dataset: Samples, nemo: types.SimpleNamespace, seq_len: int, rows: int,
+                  count: int, shuffle_seed: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
+    """`count` micro-batches of `rows` rows, the samples in `sample_order`, each cut to `seq_len` (its
+    ChatDataset's truncation), collated by NeMo's own collate functions from the Python lists its
+    datasets yield (collation happens when each is drawn, as in its loader)."""
+    samples = ((ids[:seq_len].tolist(), mask[:seq_len].astype(int).tolist())
+               for ids, mask in map(dataset.sample, sample_order(len(dataset), shuffle_seed)))
     if mode == "pack":
         need, total, chosen = (count * rows + 1) * seq_len, 0, []
         for ids, mask in samples:  # enough tokens for count * rows full packs, and one more
@@ -295,10 +315,7 @@ def micro_batches(mode: str, dataset: SyntheticDataset, nemo: types.SimpleNamesp
         groups = ([next(samples) for _ in range(rows)] for _ in range(count))
         groups = (_padded(g, seq_len if mode == "pad-max" else max(len(ids) for ids, _ in g)) for g in groups)
         collate = nemo.eagle3._stack_batch
-    for i, group in enumerate(groups):
-        if len(group) < rows:
-            raise UserError(f"the synthetic dataset ran out after {i} micro-batches")
-        yield collate(group)
+    yield from map(collate, groups)
 
 
 def _padded(group: list[tuple[list[int], list[int]]], width: int) -> list[dict[str, list[int]]]:
@@ -313,15 +330,16 @@ def _sync(device: torch.device) -> None:
 
 
 def measure_mode(peer: Peer, nemo: types.SimpleNamespace, profile: str, mode: str, args: argparse.Namespace,
-                 peak: float | None) -> dict[str, Any]:
+                 peak: float | None, data: UserData | None = None) -> dict[str, Any]:
+    """One NeMo padding mode on one length profile's samples (`data`: the prepared `--data` files, for the
+    data profile), taken from `bench_dataset` as ours are."""
     from blockdraft.train.hotpath import graphs_compiled
 
     device, shape, grad_accum = peer.device, peer.shape, peer.grad_accum
-    count = max(4096, (args.steps + args.warmup + 2) * args.micro_batch * grad_accum * 4)  # as run_profile
-    dataset = SyntheticDataset(profile, args.seq_len, peer.hf_cfg.vocab_size, count, median=args.mix_median,
-                               sigma=args.mix_sigma)
+    dataset = bench_dataset(profile, args, peer.hf_cfg.vocab_size, grad_accum, data)
     updates = args.warmup + args.steps
-    batches = micro_batches(mode, dataset, nemo, args.seq_len, args.micro_batch, updates * grad_accum)
+    batches = micro_batches(mode, dataset, nemo, args.seq_len, args.micro_batch, updates * grad_accum,
+                            NEMO_SHUFFLE_SEED if profile == "data" else None)
     t_dims, d_dims = Dims.of(peer.hf_cfg), Dims.of(peer.draft_config)
     layers_run, vocab = max(shape.layer_ids) + 1, peer.hf_cfg.vocab_size
     rows, kept, skipped, anchors = [], [], 0, []
@@ -420,6 +438,8 @@ def render(report: dict[str, Any]) -> None:
     print(f"NeMo AutoModel {env['nemo_version']} DFlash on {env['device_name']}, target {env['target']}: "
           f"drafter {env['drafter']}, attention {env['attention']}, torch {env['torch']}, "
           f"transformers {env['transformers']}")
+    if "data" in env:
+        print(bench_command.data_line(env["data"]))
     print(f"{'lengths':8} {'mode':12} {'tokens/s':>10} {'wall':>10} {'blocks/s':>10} {'blocks/1k':>9} "
           f"{'pad':>6} {'MFU':>6} {'MFU wall':>8} {'peak GB':>8} {'graphs':>6} {'slow':>4}")
     for r in report["nemo"]:
@@ -438,7 +458,7 @@ def render(report: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     import transformers
 
-    from blockdraft.bench.shapes import target_config
+    from blockdraft.bench.shapes import target_config, target_tokenizer
     from blockdraft.device import pick_device
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -451,11 +471,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="torch._dynamo's, for NeMo's runs (default: torch's own, which its recipe keeps without a "
                         "compile: block; its compile: block raises it to 256)")
     args = p.parse_args(argv)
-    profiles = [s.strip() for s in args.lengths.split(",") if s.strip()]
+    profiles = bench_profiles(args)
     modes = [s.strip() for s in args.modes.split(",") if s.strip()]
-    if not profiles or any(x not in ("full", "mix") for x in profiles) or not modes or any(m not in MODES
-                                                                                           for m in modes):
-        raise UserError(f"--lengths takes full and/or mix, --modes some of {', '.join(MODES)}")
+    if not modes or any(m not in MODES for m in modes):
+        raise UserError(f"--modes takes some of {', '.join(MODES)}, not {args.modes!r}")
     cfg = bench_command.bench_config(args)
     device = pick_device(cfg.train.device)
     gpu = device.type == "cuda"
@@ -467,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     nemo = load_nemo()
     hf_cfg = target_config(args.target_shape, args.target)
     shape = drafter_shape(cfg, hf_cfg)
+    data = prepare_user_data(args, cfg, target_tokenizer(args.target), hf_cfg.vocab_size)  # once: NeMo's and ours
     torch.manual_seed(cfg.train.seed)
     peer = Peer(nemo, hf_cfg, shape, cfg, device, attention)
     peak = nominal_peak(device, args.peak_tflops)
@@ -482,11 +502,13 @@ def main(argv: list[str] | None = None) -> int:
         "mix": {"median": args.mix_median, "sigma": args.mix_sigma, "max": args.seq_len},
         "recompile_limit": torch._dynamo.config.recompile_limit, "date": time.strftime("%Y-%m-%d"),
     }
+    if data is not None:
+        env["data"] = data.describe()
     t0 = time.perf_counter()
     report: dict[str, Any] = {"env": env, "nemo": []}
     for profile, mode in runs(profiles, modes):
         try:
-            result = measure_mode(peer, nemo, profile, mode, args, peak)
+            result = measure_mode(peer, nemo, profile, mode, args, peak, data)
         except torch.OutOfMemoryError as exc:  # e.g. flex attention run eager past the recompile limit
             result = {"profile": profile, "mode": mode, "error": f"out of memory: {str(exc).splitlines()[0]}"}
             peer.optimizer.zero_grad(set_to_none=True)
@@ -498,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     if gpu:
         torch.cuda.empty_cache()
     if args.ours:
-        report["ours"] = bench_command.measure(args, stall=False)
+        report["ours"] = bench_command.measure(args, stall=False, data=data)
         report["ratios"] = ratios(report["ours"], report["nemo"])
     if args.json:
         print(json.dumps(report, indent=1))

@@ -146,3 +146,32 @@ def make_config(target: Path, corpus: Path, out_dir: Path, **sections) -> Config
 @pytest.fixture
 def tiny_config(tiny_target, tiny_corpus, tmp_path):
     return lambda **sections: make_config(tiny_target, tiny_corpus, tmp_path, **sections)
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_target(tmp_path_factory) -> Path:
+    """The config of the bench's tiny shape without weights (what `blockdraft bench` reads of a folder),
+    its table the size of the tokenizer beside it: one with a chat template and no mask token (its spare
+    special token serves)."""
+    from blockdraft.bench.shapes import SHAPES
+
+    path = tmp_path_factory.mktemp("tiny-chat-target")
+    hf_tok = _save_tokenizer(path, mask=False, chat_template=CHAT_TEMPLATE)
+    Qwen3Config(**{**SHAPES["tiny"][1], "vocab_size": len(hf_tok)}).save_pretrained(path)
+    return path
+
+
+CHATS = [("What does a list hold?", "A list holds any objects, in order, and can grow or shrink."),
+         ("How is a dict keyed?", "A dict maps hashable keys to values; lookups take constant time."),
+         ("Why read the source?", "The source says what the code does, where the documents only say what it should."),
+         ("Name a loop.", "The for statement iterates over the items of any sequence, in the order they appear.")]
+
+
+@pytest.fixture(scope="session")
+def tiny_chats(tmp_path_factory) -> Path:
+    """A chat JSONL of len(CHATS) short conversations and one line that is not JSON, 3rd."""
+    path = tmp_path_factory.mktemp("chats") / "chats.jsonl"
+    lines = [json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+             for q, a in CHATS]
+    path.write_text("\n".join([*lines[:2], "{not json", *lines[2:]]) + "\n")
+    return path

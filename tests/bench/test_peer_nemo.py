@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import math
 import sys
@@ -169,3 +170,57 @@ def test_ours_runs_after_the_peer_in_one_process_and_its_ratios_come_from_that_r
     tokens, blocks = report["ratios"]
     assert blocks["ratio_wall"] == pytest.approx(mine["blocks_per_s_wall"] / nemo_run["blocks_per_s_wall"])
     assert tokens["ratio"] == pytest.approx(mine["tokens_per_s"] / nemo_run["tokens_per_s"])
+
+
+def documents(mode: str, batch: dict[str, torch.Tensor]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(ids, loss mask) of each sample in a micro-batch, in row order (a packed row's documents in turn)."""
+    out = []
+    for r in range(batch["input_ids"].shape[0]):
+        real = int(batch["attention_mask"][r].sum())
+        ids, mask = batch["input_ids"][r, :real].tolist(), batch["loss_mask"][r, :real].tolist()
+        starts = (batch["position_ids"][r, :real] == 0).nonzero().flatten().tolist() if mode == "pack" else [0]
+        out += [(tuple(ids[a:b]), tuple(mask[a:b])) for a, b in zip(starts, [*starts[1:], real], strict=True)]
+    return out
+
+
+@pytest.mark.parametrize("mode", peer_nemo.MODES)
+def test_on_your_data_nemo_rows_hold_its_samples_each_once_an_epoch(nemo, tiny_chat_target, tiny_chats, tmp_path,
+                                                                     mode):
+    """The data profile's rows are the user's samples (ids and answer masks), every one once an epoch,
+    in an order shuffled each epoch as NeMo's loader draws them; a file smaller than the run is cycled."""
+    from blockdraft.config import DataConfig
+    from blockdraft.data.cache import prepare_dataset
+    from blockdraft.model.tokenizer import load_tokenizer
+
+    dataset, _ = prepare_dataset(DataConfig(max_len=SEQ, cache_dir=str(tmp_path)), load_tokenizer(tiny_chat_target),
+                                 files=[str(tiny_chats)])
+    n = len(dataset)
+    samples = sorted((tuple(ids.tolist()), tuple(mask.astype(int).tolist())) for ids, mask in map(dataset.sample,
+                                                                                                  range(n)))
+    batches = peer_nemo.micro_batches(mode, dataset, nemo, SEQ, ROWS, 2 * n // ROWS, peer_nemo.NEMO_SHUFFLE_SEED)
+    docs = [d for batch in batches for d in documents(mode, batch)]
+    assert len(docs) >= 2 * n
+    assert sorted(docs[:n]) == samples and sorted(docs[n:2 * n]) == samples
+    assert docs[:n] != docs[n:2 * n]  # shuffled again for the second epoch
+
+
+def test_ours_and_nemo_measure_the_same_data_file_in_one_call(tiny_chat_target, tiny_chats, tmp_path, capsys):
+    """--data with --ours: both trainers' data profile on the file's samples, prepared once, and their
+    ratios. NeMo's measured updates (after 1 of warm-up) hold the samples its shuffled order gives."""
+    from blockdraft.data.cache import TokenizedDataset
+
+    rc = peer_nemo.main(["--target", str(tiny_chat_target), "--seq-len", "128", "--steps", "2", "--warmup", "1",
+                         "--modes", "pad-longest", "--ours", "--no-check", "--device", "cpu", "--json",
+                         "drafter.num_layers=2", "drafter.block_size=8", "train.num_anchors=16",
+                         f"data.cache_dir={tmp_path}", "--data", str(tiny_chats)])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    (nemo_run,), (mine,) = report["nemo"], report["ours"]["profiles"]
+    assert (nemo_run["profile"], nemo_run["mode"], mine["profile"]) == ("data", "pad-longest", "data")
+    assert report["env"]["data"] == report["ours"]["env"]["data"]
+    assert report["env"]["data"]["samples_skipped"] == 1
+    lengths = TokenizedDataset(Path(report["env"]["data"]["cache_path"])).lengths
+    order = list(itertools.islice(peer_nemo.sample_order(len(lengths), peer_nemo.NEMO_SHUFFLE_SEED), 3 * ROWS))
+    assert nemo_run["tokens"] == sum(int(lengths[i]) for i in order[ROWS:])
+    assert mine["tokens"] > 0 and mine["dataset_samples"] == len(lengths)
+    assert {r["profile"] for r in report["ratios"]} == {"data"} and len(report["ratios"]) == 2

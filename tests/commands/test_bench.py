@@ -2,9 +2,12 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from blockdraft.cli import main
@@ -29,7 +32,8 @@ def test_tiny_bench_reports_throughput_memory_and_the_fast_vs_plain_check(capsys
 
 @pytest.mark.parametrize("argv, message", [
     (["--target-shape", "gpt-17"], "unknown target shape"),
-    (["--lengths", "short"], "--lengths takes full and/or mix"),
+    (["--lengths", "short"], "--lengths takes full, mix and/or data, not 'short'"),
+    (["--target-shape", "tiny", "--lengths", "data"], "--lengths data measures your training files: name them"),
     (["--target", "/nonexistent"], "no config.json there"),
     (["--target-shape", "tiny", "--profile", "/dev/null/p"], "--profile /dev/null/p: cannot make the folder"),
     (["--target-shape", "tiny", "drafter.mask_token_id=512"], "outside the target's embedding table"),
@@ -154,3 +158,63 @@ def test_bench_on_a_multimodal_target_folder_times_its_text_decoder(tmp_path, ca
     (mix,) = json.loads(capsys.readouterr().out)["profiles"]
     assert mix["check"]["ok"] is True and mix["loss_finite"] is True
     assert mix["tokens_per_s"] > 0
+
+
+def test_bench_on_your_data_measures_its_samples_lengths_and_answers(tiny_chat_target, tiny_chats, tmp_path, capsys):
+    """--data alone measures the data profile on the file's real samples: the bad line is skipped and
+    counted as training counts it. One bucket and a budget that holds every sample make each update one
+    micro-batch of the whole file, so an update's real tokens are the file's, and the 3 updates of the
+    window (1 warm-up, 2 measured) take 3 epochs of it."""
+    from blockdraft.data.cache import TokenizedDataset
+    from tests.conftest import CHATS
+
+    rc = main(["bench", "--target", str(tiny_chat_target), "--data", str(tiny_chats), "--steps", "2", "--warmup", "1",
+               "--seq-len", "128", "--micro-batch", "4", "--device", "cpu", "--json", "train.num_anchors=16",
+               "data.buckets=[]", f"data.cache_dir={tmp_path / 'cache'}"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    (data,) = report["profiles"]
+    env = report["env"]["data"]
+    assert env["files"] == [str(tiny_chats)] and env["cache_path"].startswith(str(tmp_path / "cache"))
+    assert (env["samples_used"], env["samples_skipped"], env["skipped"]) == (len(CHATS), 1, {"malformed_json": 1})
+    lengths = TokenizedDataset(Path(env["cache_path"])).lengths  # what training reads of the same file
+    assert env["lengths"]["p50"] == int(np.percentile(lengths, 50)) and env["lengths"]["max"] == lengths.max()
+    assert env["lengths"]["p90"] == int(np.percentile(lengths, 90)) and env["tokens"] == lengths.sum()
+    assert (data["profile"], data["steps"], data["dataset_samples"], data["epochs"]) == ("data", 2, len(CHATS), 3)
+    assert data["tokens_per_step"] == lengths.sum() and data["tokens"] == 2 * lengths.sum()
+    assert data["pad_frac"] == pytest.approx(1 - lengths.sum() / (len(lengths) * lengths.max()))
+    assert data["blocks"] > 0 and data["loss_finite"] is True
+    assert data["check"]["ok"] is True
+
+
+def test_bench_measures_your_data_beside_the_synthetic_profiles_and_prints_what_it_read(tiny_chat_target, tiny_chats,
+                                                                                         tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "400")  # the whole table on one line a row
+    rc = main(["bench", "--target", str(tiny_chat_target), "--lengths", "mix,data", "--data", str(tiny_chats),
+               "--steps", "2", "--warmup", "1", "--seq-len", "128", "--micro-batch", "2", "--device", "cpu",
+               "--no-check", "train.num_anchors=16", f"data.cache_dir={tmp_path / 'cache'}"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert f"data: 4 samples of {tiny_chats} (1 skipped: 1 malformed_json; 0 truncated" in out
+    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    assert rows == ["mix", "data"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--target-shape", "tiny", "--data", "CHATS"], "--data is tokenised with the target's tokenizer: give --target"),
+    (["--target", "TARGET", "--data", "/nope.jsonl"], "data file not found: /nope.jsonl"),
+    (["--target", "TARGET", "--lengths", "full", "--data", "CHATS"], "--data is measured as the data profile"),
+    (["--target", "TARGET", "--data", "CHATS", "train.num_anchors=16"], "--data took 'train.num_anchors=16' for"),
+    (["--target", "SMALL", "--data", "CHATS"], "(the tokenizer of SMALL), outside the target's embedding table (300"),
+])
+def test_bad_data_arguments_are_one_line_and_exit_2(argv, message, tiny_chat_target, tiny_chats, tmp_path,
+                                                    monkeypatch, capsys):
+    small = tmp_path / "small"  # the tokenizer's ids run past this config's table
+    shutil.copytree(tiny_chat_target, small)
+    config = json.loads((small / "config.json").read_text())
+    (small / "config.json").write_text(json.dumps({**config, "vocab_size": 300}))
+    names = {"TARGET": str(tiny_chat_target), "CHATS": str(tiny_chats), "SMALL": str(small)}
+    monkeypatch.setenv("BLOCKDRAFT_CACHE", str(tmp_path / "cache"))
+    assert main(["bench", "--device", "cpu", *(names.get(a, a) for a in argv)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message.replace("SMALL", str(small)) in err and "\n" not in err

@@ -1,4 +1,5 @@
-"""What `blockdraft bench` measures: the training hot path on random weights and synthetic batches.
+"""What `blockdraft bench` measures: the training hot path on random weights and synthetic batches or
+the user's own data (`bench.datasets`).
 
 The same `HotPath`, sampler and prefetcher as `blockdraft train`, so its tokens/s, MFU split,
 memory and checkpoint stall are what a real run of that shape would see.
@@ -17,12 +18,14 @@ import statistics
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from torch.distributed.tensor import DTensor
 
-from blockdraft.bench.synthetic import SyntheticDataset
+from blockdraft.bench.datasets import UserData, bench_dataset
 from blockdraft.config import Config
-from blockdraft.data.cost import anchor_candidates, dataset_blocks, dataset_costs
+from blockdraft.data.cache import Samples
+from blockdraft.data.cost import anchor_candidates, can_anchor, dataset_blocks, dataset_costs
 from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense bf16, no sparsity
@@ -90,7 +93,9 @@ def draft_work(packed) -> DraftWork:
     return DraftWork(packed.real_tokens, int(blocks.sum()), seen, 0)
 
 
-def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: float | None, world) -> dict[str, Any]:
+def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: float | None, world,
+                data: UserData | None = None) -> dict[str, Any]:
+    """One length profile's measured updates (`data`: the prepared `--data` files, for the data profile)."""
     from blockdraft.data.batching import BatchSampler
     from blockdraft.data.prefetch import Prefetcher
     from blockdraft.train.distributed import sum_over_ranks
@@ -98,9 +103,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     from blockdraft.train.loss import StepSums
 
     device = hot.device
-    count = max(4096, (args.steps + args.warmup + 2) * args.micro_batch * cfg.train.grad_accum * 4)
-    dataset = SyntheticDataset(profile, args.seq_len, hf_cfg.vocab_size, count, median=args.mix_median,
-                               sigma=args.mix_sigma)
+    dataset = bench_dataset(profile, args, hf_cfg.vocab_size, cfg.train.grad_accum, data)
     candidates = anchor_candidates(dataset, cfg.drafter.block_size)  # one scan, for the costs and the warm-up
     costs = dataset_costs(dataset, hf_cfg, cfg, hot.target.layer_ids, candidates)  # cut as training cuts them
     sampler = BatchSampler(dataset.lengths, cfg.data, seed=cfg.train.seed, rank=world.rank, world_size=world.size,
@@ -112,6 +115,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     kept: list = []
     _sync(device)
     t0, before = time.perf_counter(), graphs_compiled()
+    # a dataset smaller than the window is cycled, as training cycles its epochs
     epochs = math.ceil((args.warmup + args.steps) * cfg.train.grad_accum / max(1, sampler.batches_per_epoch))
     # block classes fitted to the plan, and the graphs of its every pass shape, as `blockdraft train` has them
     plan = RunPlan.of(dataset, sampler, dataset_blocks(dataset, cfg, candidates), epochs)
@@ -161,7 +165,8 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
         target_time = time_target(hot, kept)
     result = summarize_rows(rows, target_time, peak, world.size, graphs_before)
     result.update(warm, profile=profile, peak_mem_gb=mem, micro_batches_per_step=cfg.train.grad_accum,
-                  passes_per_step=statistics.mean(r["passes"] for r in rows))
+                  passes_per_step=statistics.mean(r["passes"] for r in rows), dataset_samples=len(dataset),
+                  epochs=epochs)
     if args.profile:
         from blockdraft.bench.profile import write_profile
 
@@ -249,22 +254,36 @@ def summarize_rows(
     return out
 
 
-def check_fast_against_plain(hot, cfg: Config, dataset: SyntheticDataset) -> dict[str, Any]:
-    """One small update (a 1,024-token sequence, 64 anchors) through the fast path and the plain path
-    (fp32 drafter, dense SDPA mask, eager): losses and gradient norms must agree to bf16 tolerance.
-    Small, because the plain path's dense attention materialises its scores."""
+def first_anchored(dataset: Samples, block_size: int, width: int) -> int | None:
+    """The first sample with an anchor candidate among its first `width` tokens: the check needs a block
+    to draft (a real dataset may open with a sample whose answer is shorter than a block)."""
+    for i in range(len(dataset)):
+        mask = np.asarray(dataset.sample(i)[1][:width])
+        if can_anchor(mask, np.arange(len(mask)), len(mask), block_size).any():
+            return i
+    return None
+
+
+def check_fast_against_plain(hot, cfg: Config, dataset: Samples, max_tokens: int = 1024) -> dict[str, Any]:
+    """One small update (a sequence of at most `max_tokens` tokens, 64 anchors) through the fast path and the
+    plain path (fp32 drafter, dense SDPA mask, eager): losses and gradient norms must agree to bf16
+    tolerance. Small, because the plain path's dense attention materialises its scores."""
     from blockdraft.data.prefetch import Batch
     from blockdraft.train.hotpath import HotPath
     from blockdraft.train.loss import StepSums
 
     small = cfg.model_copy(update={"train": cfg.train.model_copy(update={"num_anchors": 64})})
-    ids, mask = dataset.sample(0)
-    ids, mask = torch.from_numpy(ids[:1024])[None], torch.from_numpy(mask[:1024])[None]
+    pick = first_anchored(dataset, cfg.drafter.block_size, max_tokens)
+    if pick is None:
+        return {"ok": None, "reason": f"no sample has a block to draft in its first {max_tokens} tokens"}
+    ids, mask = dataset.sample(pick)  # copied as int64: a cached dataset's samples are read-only int32 views
+    ids = torch.tensor(ids[:max_tokens], dtype=torch.int64)[None]
+    mask = torch.tensor(mask[:max_tokens], dtype=torch.bool)[None]
     width = ids.shape[1]
     results = []
     for path in (HotPath(hot.target, hot.drafter, small, hot.device),
                  HotPath(hot.target, hot.drafter, small, hot.device, fast=False)):
-        batch = Batch(ids, mask, torch.tensor([width]), [0], 0, 0, 0, 0.0, width, width)
+        batch = Batch(ids, mask, torch.tensor([width]), [pick], 0, 0, 0, 0.0, width, width)
         vector, norm = path.accumulate([path.to_device(path.prepare(batch))], 1, 0, 0.0)
         results.append((StepSums.decode(vector.cpu().tolist()).loss, float(norm)))
         hot.drafter.zero_grad(set_to_none=True)
@@ -272,7 +291,7 @@ def check_fast_against_plain(hot, cfg: Config, dataset: SyntheticDataset) -> dic
     loss_rel = abs(loss_f - loss_p) / max(abs(loss_p), 1e-12)
     norm_rel = abs(norm_f - norm_p) / max(abs(norm_p), 1e-12)
     return {"ok": loss_rel < 1e-2 and norm_rel < 5e-2, "loss_fast": loss_f, "loss_plain": loss_p,
-            "loss_rel_diff": loss_rel, "grad_norm_rel_diff": norm_rel}
+            "loss_rel_diff": loss_rel, "grad_norm_rel_diff": norm_rel, "sample": pick, "tokens": width}
 
 
 def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float | None]:

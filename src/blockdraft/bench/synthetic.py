@@ -15,8 +15,8 @@ MIX_MEDIAN, MIX_SIGMA, MIX_MIN = 900.0, 0.8, 64  # the bench verb's --mix-median
 
 
 class SyntheticDataset:
-    """What the sampler, the prefetcher and the batch costs (`data.cost`) read of a tokenized dataset:
-    `lengths`, `sample(i)`, and the loss mask laid end to end (`mask`, `offsets`)."""
+    """Random ids of a profile's lengths, with a prompt and an answer: a `data.cache.Samples`, as the
+    sampler, the prefetcher and the batch costs (`data.cost`) read a tokenized dataset."""
 
     def __init__(self, profile: str, seq_len: int, vocab_size: int, count: int, seed: int = 0,
                  median: float = MIX_MEDIAN, sigma: float = MIX_SIGMA) -> None:

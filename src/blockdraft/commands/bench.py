@@ -1,11 +1,14 @@
-"""`blockdraft bench [--target-shape qwen3-8b | --target DIR] [--lengths full,mix] [key=value ...]`.
+"""`blockdraft bench [--target-shape qwen3-8b | --target DIR] [--lengths full,mix,data] [--data FILE ...]
+[key=value ...]`.
 
 Runs the training hot path (the same `HotPath`, sampler and prefetcher as `blockdraft train`) on a
-target with random weights and synthetic batches, and reports tokens/s in real (unpadded) tokens and
-supervised blocks/s, both at the median update and over the whole window (stalls included), the
-graphs compiled and the slow updates while measuring, step time, MFU split into target forward and
-drafter, peak memory, data-wait share, checkpoint stall, and the loss of the fast path against the
-plain path on the same batch. On a GPU it measures 100 updates a profile by default, after 12 of warm-up.
+target with random weights and synthetic batches, or the user's own training files (`--data`, read
+and tokenised as training reads them: their lengths and answer masks), and reports tokens/s in real
+(unpadded) tokens and supervised blocks/s, both at the median update and over the whole window (stalls
+included), the graphs compiled and the slow updates while measuring, step time, MFU split into target
+forward and drafter, peak memory, data-wait share, checkpoint stall, and the loss of the fast path
+against the plain path on the same batch. On a GPU it measures 100 updates a profile by default, after
+12 of warm-up.
 
 Under torchrun (one process per GPU) the drafter is wrapped as in training (`train.parallel`, DDP by
 default), each rank draws its own batches, and tokens/s counts every rank's real tokens: the
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from blockdraft.errors import UserError, check_at_least
 
 if TYPE_CHECKING:
+    from blockdraft.bench.datasets import UserData
     from blockdraft.config import Config
 
 
@@ -33,8 +37,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from blockdraft.device import DEVICES
 
     p.add_argument("--target-shape", default="qwen3-8b", help=f"one of {', '.join(SHAPES)}")
-    p.add_argument("--target", default=None, help="a local model folder: its config (random weights)")
-    p.add_argument("--lengths", default="full,mix", help="length profiles: full (all seq-len), mix (chat-like)")
+    p.add_argument("--target", default=None,
+                   help="a local model folder: its config (random weights), and its tokenizer for --data")
+    p.add_argument("--lengths", default=None,
+                   help="length profiles: full (all seq-len), mix (chat-like), data (the --data files); "
+                        "default full,mix, or data alone with --data")
+    p.add_argument("--data", nargs="+", default=None, metavar="FILE",
+                   help="your training files or folders (JSONL/JSON/Parquet, as blockdraft train reads them), "
+                        "tokenised with the --target folder's tokenizer: the data profile measures their real "
+                        "lengths and answer masks (put dotted overrides before --data, or end the files with --)")
     p.add_argument("--seq-len", type=int, default=3072)
     p.add_argument("--micro-batch", type=int, default=2, help="token budget = micro-batch x seq-len per micro-batch")
     p.add_argument("--mix-median", type=float, default=MIX_MEDIAN, help="median sample length of the mix profile")
@@ -74,6 +85,8 @@ def render(report: dict[str, Any]) -> None:
     console.print(f"[bold]blockdraft bench[/] {env['target']} on {gpus}{env['device_name']}: drafter {env['drafter']}, "
                   f"torch {env['torch']}; nominal peak {env['peak_tflops'] or '-'} TFLOP/s, "
                   f"measured bf16 matmul {or_dash(env['matmul_tflops'], '.0f')} TFLOP/s")
+    if "data" in env:
+        console.print(data_line(env["data"]))
     table = Table(caption="medians over the measured steps; wall = the whole window, stalls included; slow steps "
                           "(over 2x the median) and graphs compiled while measuring show recompiles")
     for col in ("lengths", "updates", "tokens/s (real)", "wall", "per GPU", "blocks/s", "blocks/1k tok", "slow steps",
@@ -104,6 +117,16 @@ def render(report: dict[str, Any]) -> None:
                   f"{stall['reserve_s']:.2f}s){floor}")
 
 
+def data_line(data: dict[str, Any]) -> str:
+    """What the data profile measured: the files, the samples kept and skipped, the length mix, the cache."""
+    lengths = data["lengths"]
+    skipped = ", ".join(f"{n:,} {reason}" for reason, n in data["skipped"].items())
+    return (f"data: {data['samples_used']:,} samples of {', '.join(data['files'])} "
+            f"({data['samples_skipped']:,} skipped{': ' + skipped if skipped else ''}; "
+            f"{data['truncated']:,} truncated to data.max_len), lengths median {lengths['p50']:,}, "
+            f"p90 {lengths['p90']:,}, max {lengths['max']:,} tokens; cache {data['cache_path']}")
+
+
 def run(args: argparse.Namespace) -> int:
     report = measure(args)
     if report is None:
@@ -119,13 +142,14 @@ def run(args: argparse.Namespace) -> int:
     return 1 if broken else 0
 
 
-def measure(args: argparse.Namespace, stall: bool = True) -> dict[str, Any] | None:
+def measure(args: argparse.Namespace, stall: bool = True, data: UserData | None = None) -> dict[str, Any] | None:
     """The report as a dict (None on ranks other than the main one): bench/peer_nemo.py --ours calls
     this in the same process as its peer measurement, so their ratios come from one GPU call, with
     `stall=False`: no ratio reads the checkpoint stall, and a mix call has no seconds to spare inside a
-    10-minute command."""
+    10-minute command; and with the `--data` files it has prepared already (`data`), not read again."""
     import torch
 
+    from blockdraft.bench.datasets import bench_profiles, prepare_user_data
     from blockdraft.bench.measure import build_models, checkpoint_stall, matmul_tflops, nominal_peak, run_profile
     from blockdraft.bench.shapes import target_config, target_tokenizer
     from blockdraft.device import pick_device
@@ -133,9 +157,7 @@ def measure(args: argparse.Namespace, stall: bool = True) -> dict[str, Any] | No
     from blockdraft.train.hotpath import DraftForward, HotPath
     from blockdraft.train.optimizer import build_optimizer
 
-    profiles = [p.strip() for p in args.lengths.split(",") if p.strip()]
-    if not profiles or any(p not in ("full", "mix") for p in profiles):
-        raise UserError(f"--lengths takes full and/or mix, not {args.lengths!r}")
+    profiles = bench_profiles(args)
     cfg = bench_config(args)
     picked = pick_device(cfg.train.device)
     gpu = picked.type == "cuda"
@@ -150,8 +172,15 @@ def measure(args: argparse.Namespace, stall: bool = True) -> dict[str, Any] | No
             raise UserError(f"--profile {args.profile}: cannot make the folder ({e.strerror})") from None
     world, device = distributed.init(picked, cfg.train.dist_timeout_s)
     hf_cfg = target_config(args.target_shape, args.target)
+    tokenizer = target_tokenizer(args.target)
+    if data is None and args.data:  # rank 0 tokenises and fills the cache while the other ranks wait, as in training
+        if not world.is_main:
+            distributed.barrier()
+        data = prepare_user_data(args, cfg, tokenizer, hf_cfg.vocab_size)
+        if world.is_main:
+            distributed.barrier()
     torch.manual_seed(cfg.train.seed)
-    target, drafter = build_models(cfg, hf_cfg, device, target_tokenizer(args.target))
+    target, drafter = build_models(cfg, hf_cfg, device, tokenizer)
     module, defer = distributed.wrap(DraftForward(drafter), cfg.train.parallel, world, device)
     hot = HotPath(target, drafter, cfg, device, module=module, defer_sync=defer)
     peak = nominal_peak(device, args.peak_tflops)
@@ -167,6 +196,8 @@ def measure(args: argparse.Namespace, stall: bool = True) -> dict[str, Any] | No
         "mix": {"median": args.mix_median, "sigma": args.mix_sigma, "max": args.seq_len},
         "world_size": world.size, "parallel": cfg.train.parallel if world.distributed else None,
     }
+    if data is not None:
+        env["data"] = data.describe()
     optimizer = build_optimizer(drafter.parameters(), cfg.optim, device)
     t0 = time.perf_counter()
 
@@ -177,8 +208,8 @@ def measure(args: argparse.Namespace, stall: bool = True) -> dict[str, Any] | No
                   flush=True)
         return result
 
-    report = {"env": env, "profiles": [progress(p, run_profile(hot, optimizer, cfg, p, args, hf_cfg, peak, world))
-                                       for p in profiles]}
+    report = {"env": env, "profiles": [progress(p, run_profile(hot, optimizer, cfg, p, args, hf_cfg, peak, world,
+                                                               data)) for p in profiles]}
     if stall:
         report["checkpoint_stall"] = progress("checkpoint", checkpoint_stall(hot, optimizer))
     distributed.shutdown()

@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -123,6 +123,19 @@ def worker_count(cfg: DataConfig) -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+class Samples(Protocol):
+    """What the batch plan, the prefetcher, the batch costs and the warm-up read of a dataset: the cached
+    `TokenizedDataset` of a training run, or the synthetic one of `blockdraft bench`."""
+
+    lengths: np.ndarray  # [N] tokens of each sample
+    offsets: np.ndarray  # [N + 1] where each sample starts in `mask`, laid end to end
+    mask: np.ndarray  # [tokens] bool: the loss mask (assistant tokens) of every sample
+
+    def __len__(self) -> int: ...
+
+    def sample(self, i: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 class TokenizedDataset:

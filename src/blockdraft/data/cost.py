@@ -20,7 +20,7 @@ from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 
 if TYPE_CHECKING:
     from blockdraft.config import Config
-    from blockdraft.data.cache import TokenizedDataset
+    from blockdraft.data.cache import Samples
 
 SCAN_TOKENS = 1 << 22
 """Loss-mask tokens scanned at once when counting anchor candidates (bounds the scan's memory)."""
@@ -48,7 +48,7 @@ def can_anchor(loss_mask: Any, pos: Any, length: Any, block_size: int) -> Any:
     return loss_mask & (pos >= 1) & (pos + block_size - 1 < length)
 
 
-def anchor_candidates(dataset: TokenizedDataset, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+def anchor_candidates(dataset: Samples, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Per sample: (count of anchor candidates, sum of their positions)."""
     n = len(dataset.lengths)
     counts, pos_sums = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64)
@@ -106,13 +106,13 @@ def flop_costs(
     return SampleCosts("flops", per_width[inverse], work)
 
 
-def answer_tokens(dataset: TokenizedDataset) -> np.ndarray:
+def answer_tokens(dataset: Samples) -> np.ndarray:
     """[N] loss tokens of each sample."""
     starts = np.asarray(dataset.offsets[:-1], dtype=np.int64)
     return np.add.reduceat(dataset.mask, starts, dtype=np.int64) if len(dataset.mask) else starts * 0
 
 
-def dataset_costs(dataset: TokenizedDataset, hf_cfg: Any, cfg: Config, layer_ids: list[int],
+def dataset_costs(dataset: Samples, hf_cfg: Any, cfg: Config, layer_ids: list[int],
                   candidates: tuple[np.ndarray, np.ndarray] | None = None) -> SampleCosts:
     """The run's cost per sample, per `data.batch_cost`; `candidates`: `anchor_candidates`, if scanned already."""
     if cfg.data.batch_cost == "tokens":
@@ -122,7 +122,7 @@ def dataset_costs(dataset: TokenizedDataset, hf_cfg: Any, cfg: Config, layer_ids
     return flop_costs(dataset.lengths, counts, pos_sums, hf_cfg, cfg, layer_ids, answers)
 
 
-def dataset_blocks(dataset: TokenizedDataset, cfg: Config,
+def dataset_blocks(dataset: Samples, cfg: Config,
                    candidates: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """[N] blocks each sample brings to a pass, as `train.blocks.row_blocks` counts a batch's."""
     counts, _ = candidates or anchor_candidates(dataset, cfg.drafter.block_size)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from blockdraft.data.batching import BatchSampler, PlannedBatch
-from blockdraft.data.cache import TokenizedDataset
+from blockdraft.data.cache import Samples
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Batch:
         return f"{self.epoch}:{self.index_in_epoch}"
 
 
-def collate(dataset: TokenizedDataset, planned: PlannedBatch, batches_per_epoch: int, pin: bool) -> Batch:
+def collate(dataset: Samples, planned: PlannedBatch, batches_per_epoch: int, pin: bool) -> Batch:
     ids_list = [int(i) for i in planned.sample_ids]
     lengths = dataset.lengths[ids_list].astype(np.int64)
     width = int(lengths.max())
@@ -63,7 +63,7 @@ def collate(dataset: TokenizedDataset, planned: PlannedBatch, batches_per_epoch:
 class Prefetcher:
     """`next()` returns batches forever; `state_dict()` is the position after the last one returned."""
 
-    def __init__(self, dataset: TokenizedDataset, sampler: BatchSampler, depth: int, pin_memory: bool,
+    def __init__(self, dataset: Samples, sampler: BatchSampler, depth: int, pin_memory: bool,
                  prepare: Callable[[Batch], Batch] | None = None):
         """`prepare` runs on each batch in the background thread (the trainer packs batches there)."""
         self.dataset = dataset

@@ -20,7 +20,6 @@ import importlib.util
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -31,6 +30,7 @@ from torch.profiler import record_function
 
 from blockdraft.config import Config
 from blockdraft.data.batching import BatchSampler, PlannedBatch
+from blockdraft.data.cache import Samples
 from blockdraft.data.prefetch import Batch, collate
 from blockdraft.errors import UserError
 from blockdraft.model.drafter import DFlashDrafter
@@ -94,7 +94,7 @@ class RunPlan:
     rows: list[tuple[list[int], list[int]]]  # per slot: (row lengths, row blocks)
 
     @classmethod
-    def of(cls, dataset: Any, sampler: BatchSampler, blocks: np.ndarray, epochs: int) -> RunPlan:
+    def of(cls, dataset: Samples, sampler: BatchSampler, blocks: np.ndarray, epochs: int) -> RunPlan:
         """`blocks`: the samples' blocks (`data.cost.dataset_blocks`)."""
         slots = [(e, b, ids) for e in range(epochs) for b, ids in sampler.global_plan(e)]
         return cls(slots, [(dataset.lengths[ids].tolist(), blocks[ids].astype(int).tolist()) for _, _, ids in slots])
@@ -284,7 +284,7 @@ class HotPath:
             counts = [v for _, blocks in plan.rows for v in pass_blocks(blocks, self.max_blocks)]
             self.shapes = self.shapes.fitted(counts)
 
-    def warmup_batches(self, dataset: Any, plan: RunPlan) -> list[Batch]:
+    def warmup_batches(self, dataset: Samples, plan: RunPlan) -> list[Batch]:
         """The plan's micro-batches that `warmup_picks` chooses, collated."""
         if not self.warms_up:
             return []
