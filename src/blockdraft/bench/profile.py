@@ -121,12 +121,14 @@ def idle_gaps(trace: dict[str, Any], updates: int, top: int = 10) -> dict[str, A
 
 def gaps_table(gaps: dict[str, Any], rows: int = 15) -> str:
     """`idle_gaps` as plain text: idle ms per update by the range and op that ended each gap."""
+    causes = gaps["by_cause"][:rows]
+    width = max([len(c["range"]) for c in causes + gaps["longest"]] + [len("range")])
     lines = [f"GPU idle per update over {gaps['updates']} updates, gaps over {gaps['min_gap_us']:.0f} us: "
              f"{gaps['idle_ms']:.1f} ms, by what the host launched to end each gap",
-             f"{'ms':>8}  {'range':<24} op"]
-    lines += [f"{c['ms']:8.2f}  {c['range']:<24} {c['op']}" for c in gaps["by_cause"][:rows]]
+             f"{'ms':>8}  {'range':<{width}}  op"]
+    lines += [f"{c['ms']:8.2f}  {c['range']:<{width}}  {c['op']}" for c in causes]
     lines.append("longest gaps (ms, range, op, kernel before -> kernel after):")
-    lines += [f"{g['ms']:8.2f}  {g['range']:<24} {g['op']}: {g['before'][:60]} -> {g['after'][:60]}"
+    lines += [f"{g['ms']:8.2f}  {g['range']:<{width}}  {g['op']}: {g['before'][:60]} -> {g['after'][:60]}"
               for g in gaps["longest"]]
     return "\n".join(lines) + "\n"
 
