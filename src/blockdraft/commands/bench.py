@@ -173,12 +173,9 @@ def measure(args: argparse.Namespace, stall: bool = True, data: UserData | None 
     world, device = distributed.init(picked, cfg.train.dist_timeout_s)
     hf_cfg = target_config(args.target_shape, args.target)
     tokenizer = target_tokenizer(args.target)
-    if data is None and args.data:  # rank 0 tokenises and fills the cache while the other ranks wait, as in training
-        if not world.is_main:
-            distributed.barrier()
-        data = prepare_user_data(args, cfg, tokenizer, hf_cfg.vocab_size)
-        if world.is_main:
-            distributed.barrier()
+    if data is None and args.data:
+        with distributed.main_rank_first(world.is_main):
+            data = prepare_user_data(args, cfg, tokenizer, hf_cfg.vocab_size)
     torch.manual_seed(cfg.train.seed)
     target, drafter = build_models(cfg, hf_cfg, device, tokenizer)
     module, defer = distributed.wrap(DraftForward(drafter), cfg.train.parallel, world, device)

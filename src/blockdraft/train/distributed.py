@@ -135,6 +135,17 @@ def barrier() -> None:
         dist.barrier()
 
 
+@contextlib.contextmanager
+def main_rank_first(is_main: bool) -> Iterator[None]:
+    """The body runs on rank 0 first, then on the other ranks: rank 0 fills a shared on-disk cache (the
+    tokenised dataset) that the others then only read."""
+    if not is_main:
+        barrier()
+    yield
+    if is_main:
+        barrier()
+
+
 def state_dicts(drafter: nn.Module, optimizer: torch.optim.Optimizer, with_optim: bool | None = None
                 ) -> dict[str, dict[str, Any]]:
     """{"model", "optim"}: this rank's live state, keyed by parameter name (sharded under FSDP2), what

@@ -77,6 +77,13 @@ def check_flash_attention(device: torch.device) -> None:
         raise UserError("train.flex_backend: flash needs FlashAttention-4 (pip install flash-attn-4); use triton")
 
 
+def figures_to_host(vector: torch.Tensor, grad_norm: torch.Tensor) -> tuple[list[float], float]:
+    """An update's stats vector and gradient norm (`HotPath.accumulate`) on the host, in one copy: the
+    update's one synchronisation."""
+    host = torch.cat([grad_norm.detach().float().reshape(1), vector]).cpu().tolist()
+    return host[1:], host[0]
+
+
 def graphs_compiled() -> int:
     """Graphs torch.compile has made so far in this process (0 when nothing is compiled): growth after
     warm-up is a recompile, a stall of seconds to minutes."""

@@ -58,7 +58,7 @@ from blockdraft.train.hooks import (
     StopOnSignal,
     TimeBudgetHook,
 )
-from blockdraft.train.hotpath import DraftForward, HotPath, RunPlan, graphs_compiled
+from blockdraft.train.hotpath import DraftForward, HotPath, RunPlan, figures_to_host, graphs_compiled
 from blockdraft.train.loss import summarize
 from blockdraft.train.optimizer import build_optimizer
 from blockdraft.train.state import DataFeed, RngState, TrainState
@@ -102,11 +102,8 @@ class Trainer:
                                                 bool(getattr(text_cfg, "tie_word_embeddings", False)), d.mask_token_id)
         if mask_note:
             self.note("mask_token_chosen", "info", mask_note)
-        if not self.dp.is_main:  # rank 0 tokenises and fills the cache while the other ranks wait
-            distributed.barrier()
-        self.dataset, self.data_report = prepare_dataset(cfg.data, self.tokenizer)
-        if self.dp.is_main:
-            distributed.barrier()
+        with distributed.main_rank_first(self.dp.is_main):
+            self.dataset, self.data_report = prepare_dataset(cfg.data, self.tokenizer)
 
         self.target, _, _ = load_target(folder, layer_ids, self.device, cfg.target.dtype)
         dcfg = drafter_config(text_cfg, d.num_layers, d.block_size, layer_ids, mask_id, d.intermediate_size,
@@ -202,8 +199,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         vector, grad_norm = self.hot.accumulate(micro_batches, k, self.rank, noise_std)
-        host = torch.cat([grad_norm.detach().float().reshape(1), vector]).cpu().tolist()  # the step's one sync
-        metrics = summarize(host[1:], host[0])  # the guard decides on these floats
+        metrics = summarize(*figures_to_host(vector, grad_norm))  # the guard decides on these floats
         grad_norm = metrics["grad_norm"]
         # the whole update's buckets: every rank keys the guard alike, so all apply or skip the update
         buckets = distributed.rank_major([mb.bucket for mb in micro_batches], self.device)
