@@ -37,6 +37,8 @@ def test_tiny_bench_reports_throughput_memory_and_the_fast_vs_plain_check(capsys
     (["--target", "/nonexistent"], "no config.json there"),
     (["--target-shape", "tiny", "--profile", "/dev/null/p"], "--profile /dev/null/p: cannot make the folder"),
     (["--target-shape", "tiny", "drafter.mask_token_id=512"], "outside the target's embedding table"),
+    (["--target-shape", "tiny", "data.max_len=4096"], "set the sample length with --seq-len"),
+    (["--target-shape", "tiny", "data.tokens_per_batch=512"], "the micro-batch with --micro-batch"),
 ])
 def test_bad_bench_arguments_are_one_line_and_exit_2(argv, message, capsys):
     assert main(["bench", "--device", "cpu", *argv]) == 2

@@ -70,7 +70,11 @@ def bench_config(args: argparse.Namespace) -> Config:
         "data": {"max_len": args.seq_len, "tokens_per_batch": args.micro_batch * args.seq_len},
         "train": {"device": args.device},
     }
-    return build_config(raw, args.overrides)
+    cfg = build_config(raw, args.overrides)
+    if (cfg.data.max_len, cfg.data.tokens_per_batch) != (args.seq_len, args.micro_batch * args.seq_len):
+        raise UserError("set the sample length with --seq-len and the micro-batch with --micro-batch, not "
+                        "with data.max_len or data.tokens_per_batch: rates, MFU and a peer's rows are of that shape")
+    return cfg
 
 
 def render(report: dict[str, Any]) -> None:
