@@ -176,13 +176,14 @@ class Shape:
     mask_token_id: int
 
 
-def drafter_shape(cfg: Config, hf_cfg) -> Shape:
+def drafter_shape(cfg: Config, hf_cfg, tokenizer: Any | None = None) -> Shape:
+    """With a target folder's tokenizer, the mask token `blockdraft bench` and training pick from it."""
     d = cfg.drafter
     if d.intermediate_size is not None or d.init_from_target or cfg.train.anchors_per_token is not None:
         raise UserError("NeMo's DFlash drafter has no drafter.intermediate_size (it takes the target's), no "
                         "init_from_target and no train.anchors_per_token: leave them unset")
     tied = bool(getattr(hf_cfg, "tie_word_embeddings", False))
-    mask, _ = resolve_mask_token(None, hf_cfg.vocab_size, tied, d.mask_token_id)  # a shape: no tokenizer
+    mask, _ = resolve_mask_token(tokenizer, hf_cfg.vocab_size, tied, d.mask_token_id)
     return Shape(d.num_layers, d.block_size, d.tap_layers(hf_cfg.num_hidden_layers), cfg.train.num_anchors, mask)
 
 
@@ -485,8 +486,9 @@ def main(argv: list[str] | None = None) -> int:
         torch._dynamo.config.recompile_limit = args.recompile_limit
     nemo = load_nemo()
     hf_cfg = target_config(args.target_shape, args.target)
-    shape = drafter_shape(cfg, hf_cfg)
-    data = prepare_user_data(args, cfg, target_tokenizer(args.target), hf_cfg.vocab_size)  # once: NeMo's and ours
+    tokenizer = target_tokenizer(args.target)
+    shape = drafter_shape(cfg, hf_cfg, tokenizer)
+    data = prepare_user_data(args, cfg, tokenizer, hf_cfg.vocab_size)  # once: NeMo's and ours
     torch.manual_seed(cfg.train.seed)
     peer = Peer(nemo, hf_cfg, shape, cfg, device, attention)
     peak = nominal_peak(device, args.peak_tflops)

@@ -224,3 +224,18 @@ def test_ours_and_nemo_measure_the_same_data_file_in_one_call(tiny_chat_target, 
     assert nemo_run["tokens"] == sum(int(lengths[i]) for i in order[ROWS:])
     assert mine["tokens"] > 0 and mine["dataset_samples"] == len(lengths)
     assert {r["profile"] for r in report["ratios"]} == {"data"} and len(report["ratios"]) == 2
+
+
+def test_with_a_target_folder_nemo_s_drafter_masks_with_the_token_ours_does(tiny_chat_target):
+    """The folder's tokenizer has no mask token: both drafters take its spare special token, not the
+    table's last row (which a shape without a tokenizer gets)."""
+    from blockdraft.bench.measure import build_models
+    from blockdraft.bench.shapes import target_config, target_tokenizer
+
+    cfg = build_config({"target": {"path": str(tiny_chat_target)}, "train": {"device": "cpu"}},
+                       ["drafter.num_layers=1", f"drafter.block_size={B}"])
+    hf_cfg, tokenizer = target_config("tiny", str(tiny_chat_target)), target_tokenizer(str(tiny_chat_target))
+    _, ours = build_models(cfg, hf_cfg, torch.device("cpu"), tokenizer)
+    theirs = peer_nemo.drafter_shape(cfg, hf_cfg, tokenizer)
+    assert theirs.mask_token_id == ours.mask_token_id == tokenizer.convert_tokens_to_ids("<spare>")
+    assert peer_nemo.drafter_shape(cfg, hf_cfg).mask_token_id == hf_cfg.vocab_size - 1
