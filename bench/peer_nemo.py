@@ -176,7 +176,7 @@ class Shape:
     mask_token_id: int
 
 
-def drafter_shape(cfg: Config, hf_cfg, tokenizer: Any | None = None) -> Shape:
+def drafter_shape(cfg: Config, hf_cfg: Any, tokenizer: Any | None = None) -> Shape:
     """With a target folder's tokenizer, the mask token `blockdraft bench` and training pick from it."""
     d = cfg.drafter
     if d.intermediate_size is not None or d.init_from_target or cfg.train.anchors_per_token is not None:
