@@ -201,27 +201,29 @@ def block_loss(
     label (its distribution for that label), when kl/target labels are on; softcap: the target's final
     logit soft-cap."""
     block_size = labels.shape[-1] + 1
-    rows = label_mask  # only real labels reach the lm_head
-    h = draft_hidden[rows]  # [R, H]
-    th = target_hidden[rows] if target_hidden is not None else None
-    row_loss, terms = fused_linear_loss(h, lm_weight, labels[rows], cfg, th, softcap)  # [R]
+    # the labelled rows, as (block, position) indices: the pass's one host wait (their count sizes what
+    # follows); indexing by them is asynchronous, where each boolean-mask index would wait again
+    blk, pos = label_mask.nonzero(as_tuple=True)  # [R] each
+    h = draft_hidden[blk, pos]  # [R, H]
+    th = target_hidden[blk, pos] if target_hidden is not None else None
+    row_loss, terms = fused_linear_loss(h, lm_weight, labels[blk, pos], cfg, th, softcap)  # [R]
     if cfg.weighting == "streak":  # from the drafter's own current (detached) predictions
         p_grid = torch.zeros(labels.shape, device=h.device)
-        p_grid[rows] = torch.exp(-terms.ce)
-        w = streak_weights(p_grid, cfg.streak_floor)[rows]
+        p_grid[blk, pos] = torch.exp(-terms.ce)
+        w = streak_weights(p_grid, cfg.streak_floor)[blk, pos]
     else:
-        w = static_position_weights(cfg, block_size, h.device).expand_as(labels)[rows]
+        w = static_position_weights(cfg, block_size, h.device)[pos]
     weighted = (w * row_loss).sum()
 
     correct_grid = torch.zeros(labels.shape, dtype=torch.bool, device=h.device)
-    correct_grid[rows] = terms.pred == terms.labels
+    correct_grid[blk, pos] = terms.pred == terms.labels
     streak = torch.cumprod(correct_grid.to(torch.int32), dim=-1).sum(-1)  # [V]
     return MicroStats(
         weighted_loss=weighted,
         weight_sum=w.sum().detach(),
         kl_sum=(w * terms.kl).sum(),
         correct=correct_grid.sum(dim=0).float(),
-        counted=rows.sum(dim=0).float(),
+        counted=label_mask.sum(dim=0).float(),
         streak_sum=streak.sum().float(),
         blocks=label_mask.any(dim=-1).sum().float(),
     )
