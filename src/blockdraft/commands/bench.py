@@ -65,13 +65,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def bench_config(args: argparse.Namespace) -> Config:
     from blockdraft.config import build_config
 
-    raw = {
-        "target": {"path": args.target or f"<random {args.target_shape}>"},
-        "data": {"max_len": args.seq_len, "tokens_per_batch": args.micro_batch * args.seq_len},
-        "train": {"device": args.device},
-    }
+    shape = {"max_len": args.seq_len, "tokens_per_batch": args.micro_batch * args.seq_len}
+    # the data section a copy of `shape`: build_config writes the overrides into `raw`
+    raw = {"target": {"path": args.target or f"<random {args.target_shape}>"}, "data": dict(shape),
+           "train": {"device": args.device}}
     cfg = build_config(raw, args.overrides)
-    if (cfg.data.max_len, cfg.data.tokens_per_batch) != (args.seq_len, args.micro_batch * args.seq_len):
+    if {k: getattr(cfg.data, k) for k in shape} != shape:
         raise UserError("set the sample length with --seq-len and the micro-batch with --micro-batch, not "
                         "with data.max_len or data.tokens_per_batch: rates, MFU and a peer's rows are of that shape")
     return cfg
