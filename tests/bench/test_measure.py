@@ -1,12 +1,17 @@
-"""The bench's models are built as training builds them: the drafter's mask token is the one that
-training resolves for the same target folder."""
+"""The bench measures what training runs: its models are built as training builds them (the drafter's
+mask token is the one training resolves for the same target folder), and it times an update in
+training's order."""
+
+import json
 
 import pytest
 import torch
 
 from blockdraft.bench.measure import build_models
 from blockdraft.bench.shapes import target_config, target_tokenizer
+from blockdraft.cli import main
 from blockdraft.config import build_config
+from blockdraft.train import hotpath
 
 CFG = build_config({"target": {"path": "<bench>"}, "drafter": {"num_layers": 1, "target_layer_ids": [0, 2]},
                     "train": {"device": "cpu"}}, [])
@@ -28,3 +33,26 @@ def test_a_named_shape_or_a_config_alone_has_no_tokenizer_and_masks_with_the_las
     assert target_tokenizer(None) is None and target_tokenizer(str(tmp_path)) is None
     _, drafter = build_models(CFG, hf_cfg, torch.device("cpu"))
     assert drafter.mask_token_id == hf_cfg.vocab_size - 1
+
+
+def test_an_update_copies_its_figures_to_the_host_before_the_optimizer_steps(monkeypatch, capsys):
+    """Training waits for the update's figures (the guard reads them) before AdamW steps; an update the
+    bench timed the other way round would hide that wait."""
+    events = []
+    copy, step = hotpath.figures_to_host, torch.optim.AdamW.step
+
+    def recorded_copy(*args):
+        events.append("figures")
+        return copy(*args)
+
+    def recorded_step(self, *args, **kwargs):
+        events.append("step")
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(hotpath, "figures_to_host", recorded_copy)
+    monkeypatch.setattr(torch.optim.AdamW, "step", recorded_step)
+    assert main(["bench", "--target-shape", "tiny", "--lengths", "full", "--steps", "2", "--warmup", "1",
+                 "--seq-len", "64", "--micro-batch", "1", "--device", "cpu", "--no-check", "--json",
+                 "train.num_anchors=4"]) == 0
+    assert json.loads(capsys.readouterr().out)["profiles"][0]["steps"] == 2
+    assert events == ["figures", "step"] * 3  # the warm-up update and the two measured
