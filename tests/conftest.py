@@ -88,13 +88,19 @@ MORE_ARCHITECTURES = {
 }
 
 
-# Decoders with recurrent layers: they train, but blockdraft's speculative decoding refuses them.
-# Qwen3-Next: Gated DeltaNet (linear attention) layers, a full-attention layer every fourth.
+# Decoders with recurrent layers, decoded on the model's own cache (evaluate/recurrent.py).
+# Qwen3-Next: Gated DeltaNet (linear attention) layers, a full-attention layer every fourth;
+# LFM2: short convolutions between attention layers; Falcon-H1: attention and Mamba 2 in every layer.
 RECURRENT_ARCHITECTURES = {
     "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
                    {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                     "linear_num_value_heads": 2, "linear_num_key_heads": 1, "linear_key_head_dim": 16,
                     "linear_value_head_dim": 16}),
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM",
+             {"layer_types": ["conv", "full_attention", "conv", "full_attention"]}),
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM",
+                  {"mamba_d_ssm": 32, "mamba_n_heads": 4, "mamba_d_head": 8, "mamba_d_state": 8, "mamba_n_groups": 1,
+                   "mamba_chunk_size": 16}),
 }
 
 

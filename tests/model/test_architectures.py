@@ -17,7 +17,7 @@ from blockdraft.evaluate.speculative import speculative_greedy
 from blockdraft.model.export import load_drafter
 from blockdraft.model.target import load_target, open_target, resolve_mask_token
 from blockdraft.train.loop import Trainer
-from tests.conftest import MORE_ARCHITECTURES, make_config
+from tests.conftest import MORE_ARCHITECTURES, RECURRENT_ARCHITECTURES, make_config
 
 ARCHES = ["tiny_llama_target", *MORE_ARCHITECTURES]
 
@@ -102,25 +102,51 @@ def test_teacher_logits_are_the_targets_own(exported):
         torch.testing.assert_close(logits, target.model(ids).logits[0], rtol=1e-4, atol=1e-4)
 
 
-def test_a_target_with_recurrent_layers_trains_and_refuses_decoding_in_one_line(tiny_target_of, tiny_corpus,
-                                                                                 tmp_path, capsys):
-    target = tiny_target_of("qwen3_next")
-    cfg = make_config(target, tiny_corpus, tmp_path, train={"max_steps": 2, "save_every": 100})
+@pytest.mark.parametrize("name", sorted(RECURRENT_ARCHITECTURES))
+def test_a_target_with_recurrent_layers_trains_evaluates_and_decodes_losslessly(name, tiny_target_of, tiny_corpus,
+                                                                                tmp_path, capsys):
+    from blockdraft.telemetry.log import read_log
+
+    target = tiny_target_of(name)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"text": "def parse(text):\n    return text.split()"}) + "\n")
+    cfg = make_config(target, tiny_corpus, tmp_path, train={"max_steps": 2, "save_every": 100, "eval_every": 2},
+                      eval={"prompts": [str(prompts)], "max_new_tokens": 16})
     trainer = Trainer(cfg, show_console=False)
     trainer.run()
     trainer.prefetcher.close()
+    (evaluated,) = [r for r in read_log(tmp_path / "run" / "log.jsonl") if r["kind"] == "eval"]
+    assert evaluated["lossless"] is True and evaluated["tau"] >= 1 and evaluated["mode"] == "path"
     out = tmp_path / "export"
     assert main(["export", cfg.train.out_dir, "--out", str(out)]) == 0
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"text": "def parse(text):\n    return text.split()"}) + "\n")
+    eval_args = ["eval", "--target", str(target), "--drafter", str(out), "--prompts", str(prompts), "--quiet"]
     capsys.readouterr()
-    assert main(["eval", "--target", str(target), "--drafter", str(out), "--prompts", str(prompts)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "linear_attention layers" in err[0] and "vLLM or SGLang" in err[0]
-    with_eval = make_config(target, tiny_corpus, tmp_path / "with-eval", eval={"prompts": [str(prompts)]})
-    with pytest.raises(UserError, match="^eval.prompts: this target has linear_attention layers"):
+    assert main([*eval_args, "--json", "--max-new-tokens", "16", "--batch-size", "2"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["lossless"] is True and summary["tokens"] == 16 and len(summary["modes"]) == 1
+    assert summary["batch_size"] == 1  # decoded one prompt at a time, as reported
+    for extra, refused in ((["--tree-budget", "4"], "DDTree"), (["--temperature", "0.7"], "sampled decoding")):
+        assert main([*eval_args, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"decodes greedily on the single path only, without {refused}" in err[0]
+
+
+def test_a_target_with_layers_neither_decoder_runs_is_refused_in_one_line(tiny_target, tiny_corpus, tmp_path,
+                                                                           monkeypatch):
+    import transformers
+
+    with_eval = make_config(tiny_target, tiny_corpus, tmp_path, eval={"prompts": [str(tiny_corpus)]})
+    real = transformers.AutoConfig.from_pretrained
+
+    def chunked(*args, **kwargs):
+        cfg = real(*args, **kwargs)
+        cfg.layer_types = ["chunked_attention"] * cfg.num_hidden_layers
+        return cfg
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", chunked)
+    with pytest.raises(UserError, match="^eval.prompts: this target has chunked_attention layers, which blockdraft"):
         Trainer(with_eval, show_console=False)  # refused before the data is tokenised or a weight loads
-    assert not (tmp_path / "with-eval" / "cache").exists()
+    assert not (tmp_path / "cache").exists()
 
 
 def _prompts(tok, n=3):

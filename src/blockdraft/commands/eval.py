@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     check_at_least(args, 0, "temperature")
     device = pick_device(args.device)
     folder = open_target(args.target)  # prompts first: a bad set fails before the weights load
-    require_decodable(folder.config.get_text_config(), "--target")
+    require_decodable(folder.config.get_text_config(), "--target", tree=bool(budgets), sampled=args.temperature > 0)
     tokenizer = folder.tokenizer
     cfg = EvalConfig(prompts=args.prompts, max_prompts=args.limit, max_new_tokens=args.max_new_tokens,
                      prompt_tokens=args.prompt_tokens)
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         "speedup": path.speedup,
         "lossless": path.lossless,
         "temperature": args.temperature,
-        "batch_size": args.batch_size,
+        "batch_size": 1 if target.recurrent else args.batch_size,  # a recurrent target decodes one prompt at a time
         "block_size": drafter.block_size,
         "target_tokens_per_s": target_tps,
         "skipped_lines": skipped,

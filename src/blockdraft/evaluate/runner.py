@@ -12,9 +12,10 @@ from typing import Any
 import torch
 
 from blockdraft.evaluate.ddtree import TreeDecoder
+from blockdraft.evaluate.recurrent import RecurrentSpeculativeDecoder, RecurrentTargetDecoder
 from blockdraft.evaluate.speculative import Generation, SpeculativeDecoder, TargetDecoder
 from blockdraft.model.drafter import DFlashDrafter
-from blockdraft.model.target import Target
+from blockdraft.model.target import Target, require_decodable
 
 
 @dataclass
@@ -84,14 +85,16 @@ def evaluate(
 ) -> tuple[list[ModeResult], float]:
     """Results for the single path then each budget, and target-only tokens/s (batched as the path).
     `progress` gets (line, last of its mode) after the baseline and each prompt (or batch) of every mode.
-    With CUDA graphs each decoder first runs once untimed on the first prompts: capture is not measured."""
+    With CUDA graphs each decoder first runs once untimed on the first prompts: capture is not measured.
+    A target with recurrent layers decodes greedily on the single path alone (evaluate/recurrent.py)."""
     drafter.eval()
     device = target.embed_tokens.weight.device
     greedy = temperature <= 0
     batch = batch_size if greedy else 1  # sampled decoding runs one prompt at a time
     chunks = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+    singles = [[p] for p in prompts]
     longest = max(len(p) for p in prompts)
-    graphs = cuda_graphs and device.type == "cuda"
+    graphs = cuda_graphs and device.type == "cuda" and not target.recurrent
     gen = torch.Generator(device=device).manual_seed(seed)
     report = progress or (lambda _line, _final: None)
 
@@ -107,9 +110,16 @@ def evaluate(
                    len(gens) == len(prompts))
         return gens
 
+    if target.recurrent:  # the greedy single path only, one prompt at a time, eagerly
+        require_decodable(target.config.get_text_config(), "evaluation", tree=bool(budgets), sampled=not greedy)
+        own = RecurrentTargetDecoder(target)
+        refs = sweep("target-only", lambda c: own.decode(c, max_new_tokens, eos_id), singles)
+        rolled = RecurrentSpeculativeDecoder(target, drafter, longest, max_new_tokens)
+        gens = sweep("path", lambda c: rolled.decode(c, max_new_tokens, eos_id), singles)
+        return [summarize(gens, refs, drafter.block_size, None, greedy)], tokens_per_s(refs)
     baseline = TargetDecoder(target, batch, longest, max_new_tokens, graphs)
     refs = sweep("target-only", lambda c: baseline.decode(c, max_new_tokens, eos_id, temperature, gen))
-    singles, tree_refs = [[p] for p in prompts], refs
+    tree_refs = refs
     if budgets and batch > 1:  # trees decode one prompt at a time: their baseline does too
         single = TargetDecoder(target, 1, longest, max_new_tokens, graphs)
         tree_refs = sweep("target-only, one at a time", lambda c: single.decode(c, max_new_tokens, eos_id), singles)

@@ -15,7 +15,8 @@ those of its own unpadded sequence. Why: the caches stay fixed-shape tensors (ea
 graph), rows never exchange or recompute tokens, and the bookkeeping is one bool tensor; the cost is
 attention over masked slots. A row that finishes (EOS or max_new_tokens) stays in the batch, frozen,
 so no shape changes; a short last batch is padded with copies of its last prompt.
-Sweeps over prompts and modes live in `evaluate/runner.py`.
+Sweeps over prompts and modes live in `evaluate/runner.py`; targets with recurrent layers, whose state
+no mask can hide a rejected token from, decode in `evaluate/recurrent.py`.
 """
 
 from __future__ import annotations
@@ -74,14 +75,11 @@ class Layout:
         """The drafter's pass over blocks [n, B] at `block_pos`, after storing the new context
         features `taps` [n, C, N*H] (positions `ctx_pos` [n, C]) at slots `ctx_at` [C]; it sees the
         valid context slots below `ctx_limit` [1]. Returns hidden states [n, B, H]."""
-        embed, dtype = target.embed_tokens, next(drafter.parameters()).dtype
 
         def step(block_ids, block_pos, taps, ctx_pos, ctx_at, ctx_limit):
             self.draft.write_at = ctx_at
             sees = self.valid & (self.slot_index < ctx_limit)  # [n, S]: the row's committed tokens
-            sees = torch.cat([sees, sees.new_ones(block_ids.shape)], dim=1)[:, None, None, :]
-            return drafter(embed(block_ids).to(dtype), block_pos, drafter.fuse(taps.to(dtype)), ctx_pos,
-                           mask=sees, cache=self.draft)
+            return draft_pass(target, drafter, self.draft, block_ids, block_pos, taps, ctx_pos, sees)
 
         return step
 
@@ -117,6 +115,24 @@ class Layout:
         return logits[torch.arange(self.n, device=device), lengths - 1], taps, positions, lengths
 
 
+def draft_pass(target: Target, drafter: DFlashDrafter, cache: DraftSlots, block_ids: torch.Tensor,
+               block_pos: torch.Tensor, taps: torch.Tensor, ctx_pos: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
+    """The drafter's pass over blocks [n, B] (at `block_pos`) after storing the new context features
+    `taps` [n, C, N*H] (positions `ctx_pos` [n, C]) in `cache` at its `write_at`; each row sees its
+    context slots where `sees` [n, S] is true, and its whole block. Returns hidden states [n, B, H]."""
+    dtype = next(drafter.parameters()).dtype
+    sees = torch.cat([sees, sees.new_ones(block_ids.shape)], dim=1)[:, None, None, :]  # [n, 1, 1, S + B]
+    return drafter(target.embed_tokens(block_ids).to(dtype), block_pos, drafter.fuse(taps.to(dtype)), ctx_pos,
+                   mask=sees, cache=cache)
+
+
+def device_clock(device: torch.device) -> float:
+    """The time now, once the device has finished its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def next_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
     """logits: [L, V] -> one token per row, [L]: argmax at temperature 0, a sample from softmax(logits / T)
     above (why sampled decoding stays lossless: evaluate/ddtree.py)."""
@@ -126,7 +142,8 @@ def next_tokens(logits: torch.Tensor, temperature: float, generator: torch.Gener
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
-def _done(out: list[int], max_new_tokens: int, eos_id: int | None) -> bool:
+def finished(out: list[int], max_new_tokens: int, eos_id: int | None) -> bool:
+    """Whether a row's output has its `max_new_tokens` or holds EOS."""
     return len(out) >= max_new_tokens or (eos_id is not None and eos_id in out)
 
 
@@ -150,10 +167,7 @@ class Decoder:
             self.masks = torch.full((n, drafter.block_size - 1), drafter.mask_token_id, device=self.device)
 
     def clock(self) -> float:
-        """The time now, once the device has finished its queued work."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        return device_clock(self.device)
 
     def draft_logits(self, anchors: torch.Tensor, block_pos: torch.Tensor, taps: torch.Tensor, ctx_pos: torch.Tensor,
                      ctx_at: torch.Tensor, first: bool) -> torch.Tensor:
@@ -193,7 +207,7 @@ class SpeculativeDecoder(Decoder):
         anchors = logits.argmax(-1)  # [n]
         out = [[tok] for tok in anchors.tolist()]
         acceptance: list[list[int]] = [[] for _ in range(n)]
-        alive = [r < real and not _done(out[r], max_new_tokens, eos_id) for r in range(n)]
+        alive = [r < real and not finished(out[r], max_new_tokens, eos_id) for r in range(n)]
         moving = torch.tensor(alive, device=device)
         ctx_at, first = layout.slot_index[: layout.length], True
         while any(alive):
@@ -218,7 +232,7 @@ class SpeculativeDecoder(Decoder):
             layout.length += kept
             anchors = verified.gather(1, accepted_t[:, None])[:, 0]
             start = start + (accepted_t + 1) * moving
-            now = [live and not _done(out[r], max_new_tokens, eos_id) for r, live in enumerate(alive)]
+            now = [live and not finished(out[r], max_new_tokens, eos_id) for r, live in enumerate(alive)]
             if now != alive:
                 alive, moving = now, torch.tensor(now, device=device)
         share = (self.clock() - t0) / real
@@ -247,7 +261,7 @@ class TargetDecoder(Decoder):
             for r, tok in enumerate(tokens.tolist()):
                 if alive[r]:
                     out[r].append(tok)
-                    alive[r] = not _done(out[r], max_new_tokens, eos_id)
+                    alive[r] = not finished(out[r], max_new_tokens, eos_id)
             if not any(alive):
                 break
             write_at = layout.slot_index[layout.length : layout.length + 1]

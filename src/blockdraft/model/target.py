@@ -82,17 +82,32 @@ def resolve_mask_token(tokenizer: Any | None, vocab_rows: int, tied_head: bool,
     raise UserError(f"the target's tokenizer has no mask token and no spare special token; {advice}")
 
 
-DECODABLE_LAYERS = {"full_attention", "sliding_attention"}  # what the slot caches and layer_masks serve
+SLOT_LAYERS = {"full_attention", "sliding_attention"}  # what the slot caches and layer_masks serve
+# layers whose state every token updates: decoded on the model's own cache (evaluate/recurrent.py)
+RECURRENT_LAYERS = {"linear_attention", "conv", "mamba", "hybrid", "hybrid_sliding"}
+MLP_LAYERS = {"moe", "dense", "sparse"}  # names some configs give their MLP-only layers: no cache
 
 
-def require_decodable(text_config: Any, what: str) -> None:
-    """Refuse, in one line naming `what` asked for decoding, a target with layers blockdraft's decoders
-    cannot run: a recurrent layer (linear attention, Mamba, convolution) has a state that a rejected
-    draft token must be rolled out of, and a chunked one a mask the slot layout does not build."""
-    others = sorted(set(getattr(text_config, "layer_types", None) or []) - DECODABLE_LAYERS)
+def recurrent_layer_types(text_config: Any) -> list[str]:
+    """The target's layer types that keep a recurrent state (none for a plain transformer)."""
+    return sorted(set(getattr(text_config, "layer_types", None) or []) & RECURRENT_LAYERS)
+
+
+def require_decodable(text_config: Any, what: str, tree: bool = False, sampled: bool = False) -> None:
+    """Refuse, in one line naming `what` asked for decoding, a target blockdraft's decoders cannot run:
+    layers of another attention (chunked, sparse) whose masks neither decoder builds, or, with recurrent
+    layers, DDTree or sampled decoding, which the recurrent decoder does not do."""
+    types = set(getattr(text_config, "layer_types", None) or [])
+    others = sorted(types - SLOT_LAYERS - RECURRENT_LAYERS - MLP_LAYERS)
     if others:
-        raise UserError(f"{what}: this target has {', '.join(others)} layers, and blockdraft's speculative "
-                        "decoding runs attention layers only; measure tau with vLLM or SGLang (docs/serving.md)")
+        raise UserError(f"{what}: this target has {', '.join(others)} layers, which blockdraft's speculative "
+                        "decoding does not run; measure tau with vLLM or SGLang (docs/serving.md)")
+    recurrent = recurrent_layer_types(text_config)
+    if recurrent and (tree or sampled):
+        asked = " and ".join(name for name, on in (("DDTree", tree), ("sampled decoding", sampled)) if on)
+        raise UserError(f"{what}: this target has {', '.join(recurrent)} layers, which blockdraft decodes greedily "
+                        f"on the single path only, without {asked}; measure those with vLLM or SGLang "
+                        "(docs/serving.md)")
 
 
 class Target(nn.Module):
@@ -111,6 +126,8 @@ class Target(nn.Module):
         windows = sliding_windows(text_config)
         self.sliding_window: int | None = next((w for w in windows if w), None)
         self.window_by_layer_type = bool(getattr(text_config, "layer_types", None))
+        # decoded on the model's own cache, rolled back by copy (evaluate/recurrent.py), not in slots
+        self.recurrent = bool(recurrent_layer_types(text_config))
         n_layers = len(self.decoder_layers)
         if not self.layer_ids or self.layer_ids[-1] >= n_layers:
             raise UserError(f"target_layer_ids {layer_ids} out of range for a {n_layers}-layer target")
