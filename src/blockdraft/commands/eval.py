@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         "target_tokens_per_s": target_tps,
         "skipped_lines": skipped,
         "device": device.type,
-        "cuda_graphs": args.cuda_graphs and device.type == "cuda",
+        "cuda_graphs": args.cuda_graphs and device.type == "cuda" and not target.recurrent,
         "modes": [asdict(r) for r in results],
     }
     if args.json:
