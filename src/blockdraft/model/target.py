@@ -94,9 +94,9 @@ def recurrent_layer_types(text_config: Any) -> list[str]:
 
 
 def require_decodable(text_config: Any, what: str, tree: bool = False, sampled: bool = False) -> None:
-    """Refuse, in one line naming `what` asked for decoding, a target blockdraft's decoders cannot run:
-    layers of another attention (chunked, sparse) whose masks neither decoder builds, or, with recurrent
-    layers, DDTree or sampled decoding, which the recurrent decoder does not do."""
+    """Refuse, in one line naming `what` asked for decoding, what blockdraft's decoders do not do: layers
+    of another attention kind (chunked, sparse), whose masks the slot layout does not build and which no
+    test has run on the model's own cache; with recurrent layers, DDTree or sampled decoding."""
     types = set(getattr(text_config, "layer_types", None) or [])
     others = sorted(types - SLOT_LAYERS - RECURRENT_LAYERS - MLP_LAYERS)
     if others:
