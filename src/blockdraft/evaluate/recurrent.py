@@ -16,7 +16,7 @@ import copy
 import torch
 from transformers.cache_utils import DynamicCache
 
-from blockdraft.evaluate.speculative import Generation, device_clock, draft_pass, finished, next_tokens, trim_to_eos
+from blockdraft.evaluate.speculative import Generation, device_clock, draft_pass, finished, trim_to_eos
 from blockdraft.evaluate.static import DraftSlots
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.target import Target
@@ -27,18 +27,16 @@ def _positions(start: int, count: int, device: torch.device) -> torch.Tensor:
 
 
 class RecurrentTargetDecoder:
-    """Target-only decoding (greedy or sampled), one token a step on the model's own cache."""
+    """Greedy target-only decoding, one token a step on the model's own cache: the baseline."""
 
     def __init__(self, target: Target) -> None:
         self.target, self.device = target, target.embed_tokens.weight.device
 
     @torch.no_grad()
-    def decode(self, prompts: list[list[int]], max_new_tokens: int, eos_id: int | None, temperature: float = 0.0,
-               generator: torch.Generator | None = None) -> list[Generation]:
-        return [self._one(p, max_new_tokens, eos_id, temperature, generator) for p in prompts]
+    def decode(self, prompts: list[list[int]], max_new_tokens: int, eos_id: int | None) -> list[Generation]:
+        return [self._one(p, max_new_tokens, eos_id) for p in prompts]
 
-    def _one(self, prompt: list[int], max_new_tokens: int, eos_id: int | None, temperature: float,
-             generator: torch.Generator | None) -> Generation:
+    def _one(self, prompt: list[int], max_new_tokens: int, eos_id: int | None) -> Generation:
         target, device = self.target, self.device
         t0 = device_clock(device)
         cache = DynamicCache(config=target.config)
@@ -46,7 +44,7 @@ class RecurrentTargetDecoder:
         logits, _ = target.step(ids, _positions(0, len(prompt), device), cache, tap=False)
         out: list[int] = []
         while True:
-            token = next_tokens(logits[:, -1], temperature, generator)  # [1]
+            token = logits[:, -1].argmax(-1)  # [1]
             out.append(int(token))
             if finished(out, max_new_tokens, eos_id):
                 break
