@@ -2,7 +2,8 @@
 no mask token), and Gemma 3 (scaled embeddings, sliding-window layers, RoPE per layer type), Qwen2,
 Phi-3, Qwen3-MoE and Gemma 2 (conftest.MORE_ARCHITECTURES). Each trains, exports,
 and decodes losslessly; the export decodes the same tokens with z-lab's reference implementation
-(`dflash`, when installed)."""
+(`dflash`, when installed). Targets with recurrent layers (conftest.RECURRENT_ARCHITECTURES) train,
+evaluate and decode on the greedy single path."""
 
 import json
 import time
