@@ -1,10 +1,13 @@
-"""Targets with recurrent layers decode on the model's own cache, copied before each verification and
+"""Targets with recurrent layers decode on the model's own cache, saved before each verification and
 put back when a draft is rejected: the output equals target-only greedy decoding token for token."""
+
+import copy
 
 import pytest
 import torch
+from transformers.cache_utils import DynamicCache
 
-from blockdraft.evaluate.recurrent import RecurrentSpeculativeDecoder, RecurrentTargetDecoder
+from blockdraft.evaluate.recurrent import RecurrentSpeculativeDecoder, RecurrentTargetDecoder, save_layers
 from blockdraft.evaluate.runner import evaluate
 from blockdraft.model.drafter import DFlashDrafter, drafter_config
 from blockdraft.model.target import load_target
@@ -32,6 +35,37 @@ def test_target_only_decoding_on_the_models_own_cache_equals_the_uncached_refere
     target, _ = recurrent_pair
     gens = RecurrentTargetDecoder(target).decode(prompts, 20, eos_id=None)
     assert [g.tokens for g in gens] == [greedy_reference(target, p, 20) for p in prompts]
+
+
+def _layer_tensors(cache: DynamicCache) -> list[torch.Tensor]:
+    """Every tensor the cache's layers hold, directly or in their dicts of states."""
+    out = []
+    for layer in cache.layers:
+        for value in vars(layer).values():
+            values = value.values() if isinstance(value, dict) else [value]
+            out += [v for v in values if torch.is_tensor(v)]
+    return out
+
+
+def test_saved_layers_put_the_cache_back_after_a_verification(recurrent_pair):
+    """Every state a 4-token verification changes (recurrent states written in place, keys appended)
+    comes back; the next token's logits from the restored cache are those of a deep copy; the attention
+    keys are shared, not copied."""
+    target, _ = recurrent_pair
+    cache = DynamicCache(config=target.config)
+    target.step(torch.tensor([[5, 6, 7, 8, 9]]), torch.arange(5)[None], cache, tap=False)
+    untouched, expected = copy.deepcopy(cache), [t.clone() for t in _layer_tensors(cache)]
+    saved = save_layers(cache)
+    assert all(a.keys is b.keys for a, b in zip(cache.layers, saved, strict=True) if hasattr(a, "keys"))
+
+    target.step(torch.tensor([[11, 12, 13, 14]]), torch.arange(5, 9)[None], cache, tap=False)
+    assert any(a.shape != b.shape or not torch.equal(a, b) for a, b in zip(_layer_tensors(cache), expected,
+                                                                            strict=True))
+    cache.layers[:] = saved
+    assert all(torch.equal(a, b) for a, b in zip(_layer_tensors(cache), expected, strict=True))
+    logits, _ = target.step(torch.tensor([[10]]), torch.tensor([[5]]), cache, tap=False)
+    reference, _ = target.step(torch.tensor([[10]]), torch.tensor([[5]]), untouched, tap=False)
+    assert torch.equal(logits, reference)
 
 
 def test_an_untrained_drafter_decodes_losslessly(recurrent_pair, prompts):

@@ -3,10 +3,12 @@
 
 A recurrent layer keeps one state per sequence, and every token it reads goes into it. A draft token
 the target rejects has gone in too, and no attention mask can hide it afterwards, as the slot layout
-hides a rejected token's keys (evaluate/speculative.py). So a round copies the cache before verifying
-[anchor, drafts], and when a draft is rejected puts the copy back and runs the accepted tokens again.
-Outputs and tau are those of the slot decoders; the speedup pays that second pass and the copy, which
-serving engines avoid by keeping a state per draft position (vLLM, SGLang).
+hides a rejected token's keys (evaluate/speculative.py). So a round saves the cache before verifying
+[anchor, drafts], and when a draft is rejected puts it back and runs the accepted tokens again. Saving
+clones only the recurrent states, a fixed size per layer; attention keys and values are kept by
+reference, since an update replaces them instead of writing into them. Outputs and tau are those of the
+slot decoders; the speedup pays that second pass, which serving engines avoid by keeping a state per
+draft position (vLLM, SGLang).
 """
 
 from __future__ import annotations
@@ -20,6 +22,20 @@ from blockdraft.evaluate.speculative import Generation, device_clock, draft_pass
 from blockdraft.evaluate.static import DraftSlots
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.target import Target
+
+
+def save_layers(cache: DynamicCache) -> list:
+    """A copy of `cache.layers` that running the target on `cache` leaves as it is: each layer copied
+    shallowly, the tensors in its dicts (conv and recurrent states, which updates write in place) cloned.
+    `cache.layers[:] = saved` puts the cache back."""
+    saved = []
+    for layer in cache.layers:
+        twin = copy.copy(layer)
+        for name, value in vars(layer).items():
+            if isinstance(value, dict):
+                setattr(twin, name, {k: v.clone() if torch.is_tensor(v) else v for k, v in value.items()})
+        saved.append(twin)
+    return saved
 
 
 def _positions(start: int, count: int, device: torch.device) -> torch.Tensor:
@@ -54,7 +70,7 @@ class RecurrentTargetDecoder:
 
 
 class RecurrentSpeculativeDecoder:
-    """Greedy speculative decoding on the model's own cache, copied before each verification and put
+    """Greedy speculative decoding on the model's own cache, saved before each verification and put
     back when a draft is rejected. The drafter keeps its context K/V in slots (one per position) for
     prompts of up to `max_prompt` tokens and `max_new_tokens` each."""
 
@@ -95,12 +111,12 @@ class RecurrentSpeculativeDecoder:
             block_pos = _positions(len(prompt) + len(out) - 1, block, device)  # the anchor's, then the drafts'
             drafts = self.draft(anchor, block_pos, taps, ctx_pos)  # [1, B-1]
             block_ids = torch.cat([anchor[:, None], drafts], dim=1)  # [1, B]
-            before = copy.deepcopy(cache)
+            before = save_layers(cache)
             logits, taps = target.step(block_ids, block_pos, cache, tap=True)
             verified = logits.argmax(-1)  # [1, B]: the target's token after each prefix of the block
             accepted = int((drafts == verified[:, :-1]).to(torch.int64).cumprod(1).sum())
             if accepted < block - 1:  # the state took in rejected drafts: back to before, then the kept tokens
-                cache = before
+                cache.layers[:] = before
                 target.step(block_ids[:, : accepted + 1], block_pos[:, : accepted + 1], cache, tap=False)
             out += drafts[0, :accepted].tolist() + [int(verified[0, accepted])]
             acceptance.append(accepted + 1)
