@@ -44,6 +44,15 @@ def test_table_and_sampled_mode(tiny_target, files, capsys):
     assert "blockdraft eval: 1 prompts" in out and "tree 8" in out and "tau histogram" in out
 
 
+def test_sampled_mode_reports_the_one_prompt_at_a_time_it_decodes(tiny_target, files, capsys):
+    drafter, prompts = files
+    argv = ["eval", "--target", str(tiny_target), "--drafter", str(drafter), "--prompts", str(prompts),
+            "--max-new-tokens", "6", "--temperature", "0.8", "--batch-size", "4", "--json", "--device", "cpu"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["batch_size"], out["cuda_graphs"], out["lossless"]) == (1, False, None)
+
+
 def test_empty_prompt_set_is_one_clear_error(tiny_target, files, tmp_path, capsys):
     drafter, _ = files
     empty = tmp_path / "empty.jsonl"

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.config import EvalConfig
     from blockdraft.device import pick_device
     from blockdraft.evaluate.prompts import load_prompts
-    from blockdraft.evaluate.runner import evaluate
+    from blockdraft.evaluate.runner import decoding_setup, evaluate
     from blockdraft.model.export import load_drafter
     from blockdraft.model.target import load_target, open_target, require_decodable
 
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
                                    progress=None if args.quiet else _progress_printer(),
                                    cuda_graphs=args.cuda_graphs)
     path = results[0]
+    batch, graphs = decoding_setup(target, args.batch_size, args.temperature, args.cuda_graphs)
     summary = {
         "tau": path.tau,
         "tau_hist": path.tau_hist,
@@ -83,12 +84,12 @@ def run(args: argparse.Namespace) -> int:
         "speedup": path.speedup,
         "lossless": path.lossless,
         "temperature": args.temperature,
-        "batch_size": 1 if target.recurrent else args.batch_size,  # a recurrent target decodes one prompt at a time
+        "batch_size": batch,
         "block_size": drafter.block_size,
         "target_tokens_per_s": target_tps,
         "skipped_lines": skipped,
         "device": device.type,
-        "cuda_graphs": args.cuda_graphs and device.type == "cuda" and not target.recurrent,
+        "cuda_graphs": graphs,
         "modes": [asdict(r) for r in results],
     }
     if args.json:

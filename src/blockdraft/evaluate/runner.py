@@ -70,6 +70,14 @@ def summarize(
     )
 
 
+def decoding_setup(target: Target, batch_size: int, temperature: float, cuda_graphs: bool) -> tuple[int, bool]:
+    """(prompts decoded at once, CUDA graphs on) on the single path, as `evaluate` decodes it and `eval`
+    reports it: sampled decoding and recurrent targets take one prompt at a time, recurrent ones eagerly."""
+    one_at_a_time = temperature > 0 or target.recurrent
+    on_cuda = target.embed_tokens.weight.device.type == "cuda"
+    return (1 if one_at_a_time else batch_size), cuda_graphs and on_cuda and not target.recurrent
+
+
 def evaluate(
     target: Target,
     drafter: DFlashDrafter,
@@ -90,11 +98,10 @@ def evaluate(
     drafter.eval()
     device = target.embed_tokens.weight.device
     greedy = temperature <= 0
-    batch = batch_size if greedy else 1  # sampled decoding runs one prompt at a time
+    batch, graphs = decoding_setup(target, batch_size, temperature, cuda_graphs)
     chunks = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
     singles = [[p] for p in prompts]
     longest = max(len(p) for p in prompts)
-    graphs = cuda_graphs and device.type == "cuda" and not target.recurrent
     gen = torch.Generator(device=device).manual_seed(seed)
     report = progress or (lambda _line, _final: None)
 
