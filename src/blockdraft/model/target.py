@@ -126,7 +126,7 @@ class Target(nn.Module):
         windows = sliding_windows(text_config)
         self.sliding_window: int | None = next((w for w in windows if w), None)
         self.window_by_layer_type = bool(getattr(text_config, "layer_types", None))
-        # decoded on the model's own cache, rolled back by copy (evaluate/recurrent.py), not in slots
+        # decoded on the model's own cache, its states saved and put back (evaluate/recurrent.py), not in slots
         self.recurrent = bool(recurrent_layer_types(text_config))
         n_layers = len(self.decoder_layers)
         if not self.layer_ids or self.layer_ids[-1] >= n_layers:
