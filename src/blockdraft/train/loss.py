@@ -60,10 +60,9 @@ def _ce_terms(
     logits: torch.Tensor, labels: torch.Tensor, need_grad: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """logits [r, V] -> ce [r] (fp32 math), argmax [r], and d ce / d logits [r, V] in the logits'
-    dtype. One fused log_softmax and an in-place exp: four passes over the logits when eager (a CPU
-    update spent a seventh of its time here with logsumexp, one-hot and out-of-place exp). Compiled, it
-    is one kernel that writes only the bf16 gradient: the label's -1 comes after the cast, because an
-    indexed write before it would need an fp32 [r, V] buffer and a second kernel to cast it."""
+    dtype. One fused log_softmax and an in-place exp: four passes over the logits (a CPU update spent a
+    seventh of its time here with logsumexp, one-hot and out-of-place exp). CUDA runs the same math
+    as two Triton passes (`_cuda_ce_terms`)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     ce = -logp.gather(1, labels[:, None]).squeeze(1)
     pred = logp.argmax(dim=-1)
@@ -75,8 +74,12 @@ def _ce_terms(
 
 
 @functools.cache
-def _compiled_ce_terms():
-    return torch.compile(_ce_terms, dynamic=True)
+def _cuda_ce_terms():
+    """`train/cross_entropy_kernel.py`, imported at the first CUDA chunk: triton comes with CUDA builds
+    of torch, not with every CPU one."""
+    from blockdraft.train.cross_entropy_kernel import cross_entropy_terms
+
+    return cross_entropy_terms
 
 
 def _kl_terms(
@@ -121,7 +124,7 @@ class _FusedLinearLoss(torch.autograd.Function):
             if target_hidden is not None and kl_weight > 0:
                 ce, kl, pred, g = _kl_terms(logits, t_logits, y, kl_weight, kl_temperature)
             else:
-                terms = _compiled_ce_terms() if logits.is_cuda else _ce_terms
+                terms = _cuda_ce_terms() if logits.is_cuda else _ce_terms
                 ce, pred, g = terms(logits, y, need_grad)
                 kl = torch.zeros_like(ce)
             if need_grad:
