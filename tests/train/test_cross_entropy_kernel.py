@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from blockdraft.config import LossConfig
 from blockdraft.train.loss import _ce_terms
 
 if importlib.util.find_spec("triton") is None:
@@ -81,16 +80,7 @@ def test_the_fused_loss_on_the_kernels_terms_follows_fp32_autograd(monkeypatch, 
     """What CUDA runs: `fused_linear_loss` with its chunks' terms from the kernel (bf16 lm_head, chunks
     of 16 rows) gives fp32 autograd's ce and input gradient to bf16 precision."""
     import blockdraft.train.loss as loss_module
+    from tests.train.test_loss import assert_bf16_loss_follows_fp32_autograd
 
     monkeypatch.setattr(loss_module, "_ce_terms", lambda x, y, need: kernel(x, y, need, tmp_path)[:3])
-    torch.manual_seed(4)
-    h = (torch.randn(40, 16) * 2).requires_grad_(True)
-    w = torch.randn(300, 16).to(torch.bfloat16)
-    y = torch.randint(0, 300, (40,))
-    rows, terms = loss_module.fused_linear_loss(h, w, y, LossConfig().model_copy(update={"logits_chunk": 16}))
-    rows.sum().backward()
-    h_ref = h.detach().to(torch.bfloat16).float().requires_grad_(True)
-    logits = (h_ref.to(torch.bfloat16) @ w.T).float()
-    F.cross_entropy(logits, y, reduction="sum").backward()
-    torch.testing.assert_close(terms.ce, F.cross_entropy(logits, y, reduction="none").detach(), rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(h.grad, h_ref.grad, rtol=2e-2, atol=2e-2)
+    assert_bf16_loss_follows_fp32_autograd()
