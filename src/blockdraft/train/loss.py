@@ -19,7 +19,6 @@ the prediction (for acceptance metrics) and the KL to the target's soft labels f
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -73,7 +72,6 @@ def _ce_terms(
     return ce, pred, grad
 
 
-@functools.cache
 def _cuda_ce_terms():
     """`train/cross_entropy_kernel.py`, imported at the first CUDA chunk: triton comes with CUDA builds
     of torch, not with every CPU one."""
