@@ -7,7 +7,8 @@ import pytest
 from blockdraft.bench.profile import UNRANGED, gaps_table, idle_gaps, kernel_kind, kernel_summary, summary_table
 from blockdraft.cli import main
 
-# kernel names as the H200 profile of a Qwen3-8B-shaped update showed them (2026-12-02)
+# kernel names as the H200 profile of a Qwen3-8B-shaped update showed them (2026-12-02), and the
+# loss's own Triton kernels (train/cross_entropy_kernel.py)
 H200_NAMES = {
     "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN": "GEMM",
     "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1": "SDPA attention",
@@ -17,12 +18,21 @@ H200_NAMES = {
     "triton_red_fused__log_softmax__to_copy_argmax_exp_prepare_softmax_online_sub_0": "fused elementwise",
     "triton_per_fused__scaled_dot_product_cudnn_attention__to_copy__unsafe_view_add_cat_mean_mul": "fused elementwise",
     "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::": "foreach (norm, optimizer)",
+    "cross_entropy_row_stats": "cross-entropy (Triton)",
+    "cross_entropy_softmax_minus_onehot": "cross-entropy (Triton)",
     "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native:": "other",
 }
 
 
 def test_kernel_kinds_from_the_names_a_gpu_profile_shows():
     assert {name: kernel_kind(name) for name in H200_NAMES} == H200_NAMES
+
+
+def test_the_losss_triton_kernels_are_filed_apart_from_inductors():
+    """A profile names a Triton kernel after its Python function."""
+    kernels = pytest.importorskip("blockdraft.train.cross_entropy_kernel")
+    names = (kernels.cross_entropy_row_stats.__name__, kernels.cross_entropy_softmax_minus_onehot.__name__)
+    assert {kernel_kind(name) for name in names} == {"cross-entropy (Triton)"}
 
 
 def kernel(name, ts, dur):

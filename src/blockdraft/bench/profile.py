@@ -7,7 +7,8 @@ then the optimizer step. Writes `{lengths}-ops.txt` (the profiler's op table), `
 idle time by what the host was doing when it ended. The parts are the hot path's `record_function`
 ranges (train/hotpath.py: target, mask, drafter, loss, clip) and the optimizer's own. Backward kernels run
 on autograd's device thread, outside those ranges, so they fall in "backward and unranged". Kinds are
-read from kernel names (cuBLAS, cuDNN, Triton as inductor names them): a heuristic.
+read from kernel names (cuBLAS, cuDNN, Triton as inductor names them, the loss's own Triton kernels):
+a heuristic.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ UNRANGED = "backward and unranged"
 GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCHES = ("cuda_runtime", "cuda_driver")  # the host calls that enqueue GPU work (Triton's go through the driver)
 MIN_GAP_US = 10.0  # shorter gaps are the launch latency between back-to-back kernels
-KINDS = ("GEMM", "flex attention", "SDPA attention", "fused elementwise", "foreach (norm, optimizer)", "other")
+KINDS = ("GEMM", "flex attention", "SDPA attention", "fused elementwise", "cross-entropy (Triton)",
+         "foreach (norm, optimizer)", "other")
 
 
 def kernel_kind(name: str) -> str:
@@ -32,6 +34,8 @@ def kernel_kind(name: str) -> str:
         return "flex attention"
     if s.startswith("triton"):
         return "fused elementwise"
+    if s.startswith("cross_entropy_"):  # train/cross_entropy_kernel.py's two passes
+        return "cross-entropy (Triton)"
     if any(t in s for t in ("flash", "fmha", "sdpa", "attention")):
         return "SDPA attention"
     if any(t in s for t in ("nvjet", "gemm", "cutlass", "xmma", "cublas")):

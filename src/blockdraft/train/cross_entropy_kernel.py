@@ -8,7 +8,8 @@ Pass 1 reads each row once (online max and sum of exp, argmax, the label's logit
 again and writes the gradient over the logits, which nothing reads afterwards: three trips through
 memory and no second [r, V] buffer. On a [4096 x 151936] chunk the compiled PyTorch formula took 1.9x as
 long (benchmarks/2026-12-06-h100-cross-entropy-kernel.md). `loss._ce_terms` is the same math in
-PyTorch, used on the CPU and as the reference.
+PyTorch, used on the CPU and as the reference. The kernels' names begin with `cross_entropy_`, which is
+how `bench --profile` tells them from TorchInductor's (`bench/profile.kernel_kind`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ GRAD_BLOCK, GRAD_WARPS = 2048, 8  # columns per program in pass 2
 
 
 @triton.jit
-def _row_stats(logits_ptr, labels_ptr, lse_ptr, ce_ptr, pred_ptr, row_stride, V, BLOCK: tl.constexpr):
+def cross_entropy_row_stats(logits_ptr, labels_ptr, lse_ptr, ce_ptr, pred_ptr, row_stride, V, BLOCK: tl.constexpr):
     """One program per row: lse, ce and argmax from one read of the row."""
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * row_stride
@@ -47,7 +48,7 @@ def _row_stats(logits_ptr, labels_ptr, lse_ptr, ce_ptr, pred_ptr, row_stride, V,
 
 
 @triton.jit
-def _softmax_minus_onehot(logits_ptr, labels_ptr, lse_ptr, row_stride, V, BLOCK: tl.constexpr):
+def cross_entropy_softmax_minus_onehot(logits_ptr, labels_ptr, lse_ptr, row_stride, V, BLOCK: tl.constexpr):
     """One program per (row, column block): x <- exp(x - lse) - [col == label], in place."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -68,10 +69,10 @@ def cross_entropy_terms(
     lse = torch.empty(rows, device=logits.device, dtype=torch.float32)
     ce = torch.empty_like(lse)
     pred = torch.empty(rows, device=logits.device, dtype=torch.int32)
-    _row_stats[(rows,)](logits, labels, lse, ce, pred, logits.stride(0), vocab, BLOCK=STATS_BLOCK,
+    cross_entropy_row_stats[(rows,)](logits, labels, lse, ce, pred, logits.stride(0), vocab, BLOCK=STATS_BLOCK,
                         num_warps=STATS_WARPS)
     if not need_grad:
         return ce, pred.long(), None
-    _softmax_minus_onehot[(rows, triton.cdiv(vocab, GRAD_BLOCK))](
+    cross_entropy_softmax_minus_onehot[(rows, triton.cdiv(vocab, GRAD_BLOCK))](
         logits, labels, lse, logits.stride(0), vocab, BLOCK=GRAD_BLOCK, num_warps=GRAD_WARPS)
     return ce, pred.long(), logits
