@@ -59,10 +59,12 @@ def wait_for_steps(job: subprocess.Popen, log: Path, ready) -> None:
 
 @pytest.fixture(scope="module")
 def two_ranks(tiny_target, tiny_corpus, tmp_path_factory) -> tuple[Config, Path]:
-    """One launch of dist_worker.py: DDP and FSDP2, 1 and 2 micro-batches per rank."""
+    """One launch of dist_worker.py: DDP and FSDP2, 1 and 2 micro-batches per rank, every update clipped
+    (FSDP2 scales sharded gradients by the norm of all of them)."""
     root = tmp_path_factory.mktemp("two-ranks")
     # every candidate anchor is taken (num_anchors > T), so both layouts see the very same blocks
-    cfg = make_config(tiny_target, tiny_corpus, root, train={"num_anchors": 1000, "save_every": 100})
+    cfg = make_config(tiny_target, tiny_corpus, root, train={"num_anchors": 1000, "save_every": 100},
+                      optim={"grad_clip": 1e-3})
     (root / "config.json").write_text(cfg.model_dump_json())
     launch(WORKER, root / "config.json", root / "out", "ddp", "fsdp")
     return cfg, root / "out"

@@ -122,3 +122,24 @@ def test_a_placeholder_pass_adds_nothing_to_the_update(tiny_config):
     torch.testing.assert_close(v2, v1)
     for a, b in zip(g1, [p.grad for p in trainer.drafter.parameters()], strict=True):
         torch.testing.assert_close(b, a)
+
+
+@pytest.mark.parametrize("cap", [1e-4, 1e4])
+def test_clip_gives_clip_grad_norm_s_gradients_over_and_under_the_cap(tiny_config, cap):
+    """Under the cap `clip` leaves the gradients untouched, which is what clip_grad_norm_'s factor of 1 does."""
+    trainer = Trainer(tiny_config(optim={"grad_clip": cap}), show_console=False)
+    try:
+        batch = trainer.hot.to_device(trainer.prefetcher.next())
+    finally:
+        trainer.prefetcher.close()
+    vector, grad_norm = trainer.hot.accumulate([batch], step=1, rank=0, noise_std=0.0)
+    params = [p for p in trainer.drafter.parameters() if p.grad is not None]
+    reference = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    for r, p in zip(reference, params, strict=True):
+        r.grad = p.grad.clone()
+    expected_norm = torch.nn.utils.clip_grad_norm_(reference, cap)
+    _, norm = hotpath.figures_to_host(vector, grad_norm)
+    trainer.hot.clip(grad_norm, norm)
+    assert norm == expected_norm.item() and (norm > cap) == (cap < 1)
+    for r, p in zip(reference, params, strict=True):
+        assert torch.equal(p.grad, r.grad)

@@ -141,7 +141,9 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
             lengths = [int(n) for mb in micro for n in mb.lengths.tolist()]
             padded = sum(mb.padded_tokens for mb in micro)
             micro = [hot.to_device(mb) for mb in micro]
-            host, _ = figures_to_host(*hot.accumulate(micro, k, world.rank, 0.0))  # before the step, as in training
+            vector, grad_norm = hot.accumulate(micro, k, world.rank, 0.0)
+            host, norm = figures_to_host(vector, grad_norm)  # before the step, as in training
+            hot.clip(grad_norm, norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             all_tokens, all_padded = sum_over_ranks([sum(lengths), padded], device)  # as in training

@@ -167,7 +167,8 @@ def write_profile(hot, optimizer, micro: list, out_dir: str, lengths: str, updat
     cuda = hot.device.type == "cuda"
     with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         for k in range(updates):
-            figures_to_host(*hot.accumulate(micro, 1000 + k, 0, 0.0))
+            vector, grad_norm = hot.accumulate(micro, 1000 + k, 0, 0.0)
+            hot.clip(grad_norm, figures_to_host(vector, grad_norm)[1])
             optimizer.step()  # its own range: "Optimizer.step#AdamW.step"
             optimizer.zero_grad(set_to_none=True)
         if cuda:
