@@ -28,7 +28,7 @@ def test_kernel_kinds_from_the_names_a_gpu_profile_shows():
     assert {name: kernel_kind(name) for name in H200_NAMES} == H200_NAMES
 
 
-def test_the_losss_triton_kernels_are_filed_apart_from_inductors():
+def test_the_loss_kernels_are_filed_apart_from_inductors_kernels():
     """A profile names a Triton kernel after its Python function."""
     kernels = pytest.importorskip("blockdraft.train.cross_entropy_kernel")
     names = (kernels.cross_entropy_row_stats.__name__, kernels.cross_entropy_softmax_minus_onehot.__name__)

@@ -70,7 +70,7 @@ def cross_entropy_terms(
     ce = torch.empty_like(lse)
     pred = torch.empty(rows, device=logits.device, dtype=torch.int32)
     cross_entropy_row_stats[(rows,)](logits, labels, lse, ce, pred, logits.stride(0), vocab, BLOCK=STATS_BLOCK,
-                        num_warps=STATS_WARPS)
+                                     num_warps=STATS_WARPS)
     if not need_grad:
         return ce, pred.long(), None
     cross_entropy_softmax_minus_onehot[(rows, triton.cdiv(vocab, GRAD_BLOCK))](
