@@ -15,10 +15,12 @@ from blockdraft.cli import main
 
 def test_tiny_bench_reports_throughput_memory_and_the_fast_vs_plain_check(capsys):
     rc = main(["bench", "--target-shape", "tiny", "--lengths", "mix", "--steps", "2", "--warmup", "1",
-               "--seq-len", "128", "--micro-batch", "2", "--device", "cpu", "--json", "train.num_anchors=16"])
+               "--seq-len", "128", "--micro-batch", "2", "--device", "cpu", "--json", "train.num_anchors=16",
+               "optim.grad_clip=1e-6"])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     (mix,) = report["profiles"]
+    assert mix["clipped_share"] == 1.0 and mix["grad_norm_median"] > 1e-6  # every update timed the clip
     assert mix["profile"] == "mix" and mix["steps"] == 2
     assert mix["tokens_per_s"] > 0 and 0 <= mix["pad_frac"] < 1 and 0 <= mix["data_wait_share"] < 1
     assert mix["tokens_per_step"] <= 2 * 128  # real tokens, within the padded budget
@@ -51,13 +53,14 @@ def test_bench_under_torchrun_counts_every_ranks_tokens():
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
            "blockdraft", "bench", "--target-shape", "tiny", "--lengths", "full", "--steps", "2", "--warmup", "1",
            "--seq-len", "128", "--micro-batch", "2", "--device", "cpu", "--no-check", "--json",
-           "train.num_anchors=16"]
+           "train.num_anchors=16", "optim.grad_clip=1e9"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)  # rank 0 alone prints
     (full,) = report["profiles"]
     assert report["env"]["world_size"] == 2 and report["env"]["parallel"] == "ddp"
     assert full["tokens_per_step"] == 2 * 2 * 128  # 2 ranks x 2 samples x 128 tokens
+    assert full["clipped_share"] == 0.0  # no update reached the cap
     assert full["tokens_per_s_per_gpu"] == pytest.approx(full["tokens_per_s"] / 2)
     stall = report["checkpoint_stall"]  # each rank stages its own state, as a save in training does
     assert stall["first_s"] >= 0 and stall["steady_s"] >= 0 and stall["d2h_s"] is None

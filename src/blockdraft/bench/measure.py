@@ -99,7 +99,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     from blockdraft.data.batching import BatchSampler
     from blockdraft.data.prefetch import Prefetcher
     from blockdraft.train.distributed import sum_over_ranks
-    from blockdraft.train.hotpath import RunPlan, figures_to_host, graphs_compiled
+    from blockdraft.train.hotpath import RunPlan, clipped, figures_to_host, graphs_compiled
     from blockdraft.train.loss import StepSums
 
     device = hot.device
@@ -159,7 +159,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
             rows.append({"update": k, "step_time": step_time, "wait": wait, "tokens": all_tokens,
                          "padded": all_padded, "blocks": sums.blocks, "graphs": graphs_compiled(),
                          "passes": len(work), "blocks_run": blocks_run, "blocks_sampled": blocks_sampled,
-                         "flops_target": fl_t, "flops_drafter": fl_d, "loss": sums.loss})
+                         "flops_target": fl_t, "flops_drafter": fl_d, "loss": sums.loss, "grad_norm": norm})
             if len(kept) < 4:
                 kept.append(micro)
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
@@ -167,7 +167,9 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     result = summarize_rows(rows, target_time, peak, world.size, graphs_before)
     result.update(warm, profile=profile, peak_mem_gb=mem, micro_batches_per_step=cfg.train.grad_accum,
                   passes_per_step=statistics.mean(r["passes"] for r in rows), dataset_samples=len(dataset),
-                  epochs=epochs)
+                  epochs=epochs, grad_norm_median=statistics.median(r["grad_norm"] for r in rows),
+                  # the updates that timed the clip's pass over the gradients (below the cap it is skipped)
+                  clipped_share=sum(clipped(r["grad_norm"], cfg.optim.grad_clip) for r in rows) / len(rows))
     if args.profile:
         from blockdraft.bench.profile import write_profile
 

@@ -86,6 +86,11 @@ def figures_to_host(vector: torch.Tensor, grad_norm: torch.Tensor) -> tuple[list
     return host[1:], host[0]
 
 
+def clipped(norm: float, cap: float) -> bool:
+    """Whether an update's gradients were scaled down (`HotPath.clip`): the step record's `clipped`."""
+    return norm > cap
+
+
 def graphs_compiled() -> int:
     """Graphs torch.compile has made so far in this process (0 when nothing is compiled): growth after
     warm-up is a recompile, a stall of seconds to minutes."""

@@ -58,7 +58,7 @@ from blockdraft.train.hooks import (
     StopOnSignal,
     TimeBudgetHook,
 )
-from blockdraft.train.hotpath import DraftForward, HotPath, RunPlan, figures_to_host, graphs_compiled
+from blockdraft.train.hotpath import DraftForward, HotPath, RunPlan, clipped, figures_to_host, graphs_compiled
 from blockdraft.train.loss import summarize
 from blockdraft.train.optimizer import build_optimizer
 from blockdraft.train.state import DataFeed, RngState, TrainState
@@ -212,7 +212,7 @@ class Trainer:
         return {
             "lr": lr,
             **metrics,
-            "clipped": grad_norm > cfg.optim.grad_clip,
+            "clipped": clipped(grad_norm, cfg.optim.grad_clip),
             "skipped": reason is not None,
             "skip_reason": reason,
             "noise_std": noise_std,
