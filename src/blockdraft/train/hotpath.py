@@ -87,7 +87,8 @@ def figures_to_host(vector: torch.Tensor, grad_norm: torch.Tensor) -> tuple[list
 
 
 def clipped(norm: float, cap: float) -> bool:
-    """Whether an update's gradients were scaled down (`HotPath.clip`): the step record's `clipped`."""
+    """Whether an update's clip factor is below 1, so that `HotPath.clip` scales its gradients (unless the
+    guard drops them): the step record's `clipped`."""
     return norm > cap
 
 
