@@ -99,7 +99,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     from blockdraft.data.batching import BatchSampler
     from blockdraft.data.prefetch import Prefetcher
     from blockdraft.train.distributed import sum_over_ranks
-    from blockdraft.train.hotpath import RunPlan, clipped, figures_to_host, graphs_compiled
+    from blockdraft.train.hotpath import RunPlan, clipped, graphs_compiled
     from blockdraft.train.loss import StepSums
 
     device = hot.device
@@ -141,9 +141,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
             lengths = [int(n) for mb in micro for n in mb.lengths.tolist()]
             padded = sum(mb.padded_tokens for mb in micro)
             micro = [hot.to_device(mb) for mb in micro]
-            vector, grad_norm = hot.accumulate(micro, k, world.rank, 0.0)
-            host, norm = figures_to_host(vector, grad_norm)  # before the step, as in training
-            hot.clip(grad_norm, norm)
+            host, norm = hot.update_figures(micro, k, world.rank, 0.0)  # before the step, as in training
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             all_tokens, all_padded = sum_over_ranks([sum(lengths), padded], device)  # as in training

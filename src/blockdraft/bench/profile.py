@@ -161,14 +161,11 @@ def write_profile(hot, optimizer, micro: list, out_dir: str, lengths: str, updat
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from blockdraft.train.hotpath import figures_to_host
-
     out = Path(out_dir)  # made by the bench verb before it measures
     cuda = hot.device.type == "cuda"
     with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         for k in range(updates):
-            vector, grad_norm = hot.accumulate(micro, 1000 + k, 0, 0.0)
-            hot.clip(grad_norm, figures_to_host(vector, grad_norm)[1])
+            hot.update_figures(micro, 1000 + k, 0, 0.0)
             optimizer.step()  # its own range: "Optimizer.step#AdamW.step"
             optimizer.zero_grad(set_to_none=True)
         if cuda:

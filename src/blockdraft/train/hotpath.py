@@ -336,7 +336,7 @@ class HotPath:
         self, micro_batches: list[Batch], step: int, rank: int, noise_std: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward and backward of update `step` over its micro-batches; gradients are left in the
-        drafter's .grad, unclipped (`clip` scales them once the norm is on the host). Returns (the step's
+        drafter's .grad, unclipped (`update_figures` clips them once the norm is on the host). Returns (the step's
         stats vector summed over ranks, the gradients' norm: a DTensor under FSDP2)."""
         cfg = self.cfg
         # (micro-batch index in the update over all ranks, pass index): 2 ranks x 1 draw what 1 x 2 draws
@@ -370,6 +370,16 @@ class HotPath:
         if dist.is_initialized():
             dist.all_reduce(vector)
         return vector, grad_norm
+
+    def update_figures(
+        self, micro_batches: list[Batch], step: int, rank: int, noise_std: float
+    ) -> tuple[list[float], float]:
+        """`accumulate`, its figures on the host (the update's one wait), then `clip`: the gradients an
+        optimizer step takes. Returns (the step's stats vector, the gradient norm before clipping)."""
+        vector, grad_norm = self.accumulate(micro_batches, step, rank, noise_std)
+        host, norm = figures_to_host(vector, grad_norm)
+        self.clip(grad_norm, norm)
+        return host, norm
 
     def clip(self, grad_norm: torch.Tensor, norm: float) -> None:
         """Scale the drafter's gradients by min(1, optim.grad_clip / (norm + 1e-6)), as clip_grad_norm_

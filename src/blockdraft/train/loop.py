@@ -58,7 +58,7 @@ from blockdraft.train.hooks import (
     StopOnSignal,
     TimeBudgetHook,
 )
-from blockdraft.train.hotpath import DraftForward, HotPath, RunPlan, clipped, figures_to_host, graphs_compiled
+from blockdraft.train.hotpath import DraftForward, HotPath, RunPlan, clipped, graphs_compiled
 from blockdraft.train.loss import summarize
 from blockdraft.train.optimizer import build_optimizer
 from blockdraft.train.state import DataFeed, RngState, TrainState
@@ -198,14 +198,12 @@ class Trainer:
         noise_std = noise_std_at(k, cfg.noise, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        vector, grad_norm_device = self.hot.accumulate(micro_batches, k, self.rank, noise_std)
-        metrics = summarize(*figures_to_host(vector, grad_norm_device))  # the guard decides on these floats
+        metrics = summarize(*self.hot.update_figures(micro_batches, k, self.rank, noise_std))  # the guard reads these
         grad_norm = metrics["grad_norm"]
         # the whole update's buckets: every rank keys the guard alike, so all apply or skip the update
         buckets = distributed.rank_major([mb.bucket for mb in micro_batches], self.device)
         reason = self.guard.check(max(buckets), metrics["loss"], grad_norm, [mb.batch_id for mb in micro_batches])
         if reason is None:
-            self.hot.clip(grad_norm_device, grad_norm)
             self.optimizer.step()
             self.state.step = k
         self.optimizer.zero_grad(set_to_none=True)
