@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from blockdraft.bench import shapes
 from blockdraft.bench.measure import build_models
 from blockdraft.bench.shapes import target_config, target_tokenizer
 from blockdraft.cli import main
@@ -33,6 +34,16 @@ def test_a_named_shape_or_a_config_alone_has_no_tokenizer_and_masks_with_the_las
     assert target_tokenizer(None) is None and target_tokenizer(str(tmp_path)) is None
     _, drafter = build_models(CFG, hf_cfg, torch.device("cpu"))
     assert drafter.mask_token_id == hf_cfg.vocab_size - 1
+
+
+def test_a_folder_s_tokenizer_is_read_once_a_process(tiny_target, monkeypatch):
+    """`bench/peer_nemo.py --ours` asks for it for NeMo's runs and again for ours."""
+    reads = []
+    read = shapes.load_tokenizer
+    monkeypatch.setattr(shapes, "load_tokenizer", lambda folder: reads.append(folder) or read(folder))
+    target_tokenizer.cache_clear()
+    assert target_tokenizer(str(tiny_target)) is target_tokenizer(str(tiny_target))
+    assert reads == [str(tiny_target)]
 
 
 def test_an_update_copies_its_figures_to_the_host_before_the_optimizer_steps(monkeypatch, capsys):

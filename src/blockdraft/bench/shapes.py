@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +50,11 @@ def target_config(shape: str | None, target_dir: str | None) -> PretrainedConfig
     return cls(**fields)
 
 
+@functools.cache
 def target_tokenizer(target_dir: str | None) -> Any | None:
     """A local folder's tokenizer, where it has one: the bench's drafter then takes the mask token that
-    training would. A named shape, or a folder of a config alone, has none."""
+    training would. A named shape, or a folder of a config alone, has none. Loaded once a process:
+    `bench/peer_nemo.py --ours` asks for it for NeMo's runs and again for ours."""
     files = ("tokenizer.json", "tokenizer_config.json")
     if target_dir is None or not any(Path(target_dir, f).is_file() for f in files):
         return None
