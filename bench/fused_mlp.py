@@ -1,10 +1,11 @@
 """SwiGLU inside the GEMMs (quack-kernels) against the compiled PyTorch MLP, one MLP at a time.
 
-The H100 profile of a full-length Qwen3-8B-shaped update spends about 9 ms writing the gate and up
-projections and reading them back for SwiGLU (benchmarks/2026-12-06-h100-merged-projections-cublaslt.md,
-section 3). quack-kernels' gated GEMM applies SwiGLU in the gate|up GEMM's epilogue, and its backward
-applies dSwiGLU in the down projection's input-gradient GEMM. This times both MLPs on the shapes of the
-update and checks that they compute the same thing:
+Writing the gate and up projections and reading them back for SwiGLU costs a full-length
+Qwen3-8B-shaped H100 update about 9 ms, by an estimate from memory traffic
+(benchmarks/2026-12-06-h100-merged-projections-cublaslt.md, section 3). quack-kernels' gated GEMM
+applies SwiGLU in the gate|up GEMM's epilogue, and its backward applies dSwiGLU in the down projection's
+input-gradient GEMM. This times both MLPs on the shapes of the update and checks that they compute the
+same thing:
 - drafter: forward and backward, fp32 weights under bf16 autocast, as the drafter trains;
 - target: forward only, bf16 weights, gate|up concatenated once, as the frozen target would hold them.
 Median of 20 calls after 3, CUDA events; relative errors of the output and of every gradient.
