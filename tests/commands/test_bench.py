@@ -66,6 +66,21 @@ def test_bench_under_torchrun_counts_every_ranks_tokens():
     assert stall["first_s"] >= 0 and stall["steady_s"] >= 0 and stall["d2h_s"] is None
 
 
+def test_bench_under_fsdp2_checks_the_fast_path_on_the_sharded_drafter():
+    """The fast-vs-plain check runs through the wrapper the bench trains (FSDP2 gathers the shards) and
+    reads the sharded gradients' full norm."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+           "blockdraft", "bench", "--target-shape", "tiny", "--lengths", "full", "--steps", "1", "--warmup", "1",
+           "--seq-len", "128", "--micro-batch", "2", "--device", "cpu", "--json", "train.num_anchors=16",
+           "train.parallel=fsdp"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    (full,) = report["profiles"]
+    assert report["env"]["parallel"] == "fsdp"
+    assert full["check"]["ok"] and full["check"]["grad_norm_rel_diff"] < 5e-2
+
+
 def test_bench_counts_supervised_blocks_and_wall_time_consistently(capsys):
     """A mix of short samples: tokens and blocks per second at the median update and over the whole
     window, blocks per 1k tokens linking them, the slow updates and the graphs compiled."""

@@ -270,7 +270,7 @@ def check_fast_against_plain(hot, cfg: Config, dataset: Samples, max_tokens: int
     plain path (fp32 drafter, dense SDPA mask, eager): losses and gradient norms must agree to bf16
     tolerance. Small, because the plain path's dense attention materialises its scores."""
     from blockdraft.data.prefetch import Batch
-    from blockdraft.train.hotpath import HotPath
+    from blockdraft.train.hotpath import HotPath, figures_to_host
     from blockdraft.train.loss import StepSums
 
     small = cfg.model_copy(update={"train": cfg.train.model_copy(update={"num_anchors": 64})})
@@ -282,11 +282,11 @@ def check_fast_against_plain(hot, cfg: Config, dataset: Samples, max_tokens: int
     mask = torch.tensor(mask[:max_tokens], dtype=torch.bool)[None]
     width = ids.shape[1]
     results = []
-    for path in (HotPath(hot.target, hot.drafter, small, hot.device),
-                 HotPath(hot.target, hot.drafter, small, hot.device, fast=False)):
+    for path in (HotPath(hot.target, hot.drafter, small, hot.device, module=hot.module),  # DDP or FSDP2's wrapper
+                 HotPath(hot.target, hot.drafter, small, hot.device, fast=False, module=hot.module)):
         batch = Batch(ids, mask, torch.tensor([width]), [pick], 0, 0, 0, 0.0, width, width)
-        vector, norm = path.accumulate([path.to_device(path.prepare(batch))], 1, 0, 0.0)
-        results.append((StepSums.decode(vector.cpu().tolist()).loss, float(norm)))
+        vector, norm = figures_to_host(*path.accumulate([path.to_device(path.prepare(batch))], 1, 0, 0.0))
+        results.append((StepSums.decode(vector).loss, norm))
         hot.drafter.zero_grad(set_to_none=True)
     (loss_f, norm_f), (loss_p, norm_p) = results
     loss_rel = abs(loss_f - loss_p) / max(abs(loss_p), 1e-12)
