@@ -91,6 +91,7 @@ def test_bench_counts_supervised_blocks_and_wall_time_consistently(capsys):
     report = json.loads(capsys.readouterr().out)
     (mix,) = report["profiles"]
     assert report["env"]["anchors_per_token"] == 0.25
+    assert report["env"]["fast_path"] is False and report["env"]["flex_backend"] is None  # dense SDPA on CPU
     assert report["env"]["mix"] == {"median": 60, "sigma": 0.6, "max": 128}
     assert mix["steps"] == 8 and mix["tokens"] > 0 and mix["blocks"] > 0
     assert mix["blocks_per_1k_tokens"] == pytest.approx(1000 * mix["blocks"] / mix["tokens"])
