@@ -1,8 +1,8 @@
 """SwiGLU inside the GEMMs (quack-kernels) against the compiled PyTorch MLP, one MLP at a time.
 
-Writing the gate and up projections and reading them back for SwiGLU costs a full-length
-Qwen3-8B-shaped H100 update about 9 ms, by an estimate from memory traffic
-(benchmarks/2026-12-06-h100-merged-projections-cublaslt.md, section 3). quack-kernels' gated GEMM
+Why: SwiGLU's elementwise pass between the GEMMs is memory traffic the GEMMs could absorb; on an H100
+the fused MLP saves about 3 ms of a full-length Qwen3-8B-shaped update
+(benchmarks/2026-12-06-h100-flash-attention-4-and-quack-mlp.md). quack-kernels' gated GEMM
 applies SwiGLU in the gate|up GEMM's epilogue, and its backward applies dSwiGLU in the down projection's
 input-gradient GEMM. This times both MLPs on the shapes of the update and checks that they compute the
 same thing:
@@ -11,9 +11,9 @@ same thing:
 Median of 20 calls after 3, CUDA events; relative errors of the output and of every gradient.
 
 Needs a Hopper or newer GPU and quack-kernels with its CuTe-DSL wheels (bench/README.md says how to
-carry them). Prints one JSON object.
+carry them; S is the site-packages folder they went into). Prints one JSON object.
 
-    PYTHONPATH=src:/tmp/site python3 bench/fused_mlp.py [--rows 16384] [--target-rows 6144]
+    PYTHONPATH=src:$S:$S/nvidia_cutlass_dsl/dsl_packages python3 bench/fused_mlp.py [--rows 16384] [--target-rows 6144]
 """
 
 from __future__ import annotations
