@@ -113,3 +113,24 @@ def test_config_has_one_layer_type_per_drafter_layer():
     assert cfg.num_target_layers == 36 and cfg.block_size == 16
     assert cfg.dflash_config == {"mask_token_id": 7, "target_layer_ids": [1, 9, 17, 25, 33],
                                  "input_embedding_scale": 1.0, "target_hidden_states": "decoder_layer_output"}
+
+
+def test_compiled_drafter_traces_flex_attention_without_dynamo_warnings(models):
+    """A compiled training pass on the GPU calls flex_attention_fn(True) inside the graph: it must hand
+    dynamo the plain op, not the cached compiled wrapper that dynamo warns about on every run."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from blockdraft.model.drafter import compiled_flex_attention, flex_attention_fn
+
+    def pick(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if flex_attention_fn(True) is flex_attention else x
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        doubled = torch.compile(pick, backend="eager", fullgraph=True)(torch.ones(2))
+    assert torch.equal(doubled, torch.full((2,), 2.0))
+    assert not [w for w in caught if "lru_cache" in str(w.message)]
+    assert flex_attention_fn(True) is compiled_flex_attention() and flex_attention_fn(False) is flex_attention

@@ -23,10 +23,18 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 
 
 @functools.cache
+def compiled_flex_attention():
+    """One compiled flex_attention for every eager caller (a new wrapper per call would recompile)."""
+    return torch.compile(flex_attention)
+
+
 def flex_attention_fn(compiled: bool):
     """flex_attention only becomes a fused kernel under torch.compile (eager it materialises scores:
-    on CPU, for tests only)."""
-    return torch.compile(flex_attention) if compiled else flex_attention
+    on CPU, for tests only). Inside a compiled graph the plain op is traced: dynamo would warn on the
+    cache wrapper."""
+    if compiled and not torch.compiler.is_compiling():
+        return compiled_flex_attention()
+    return flex_attention
 
 
 def flex_kernel_options(mask: BlockMask, q_len: int, kv_len: int, backend: str = "TRITON") -> dict[str, object]:
