@@ -127,7 +127,6 @@ def test_compiled_drafter_traces_flex_attention_without_dynamo_warnings(models):
     def pick(x: torch.Tensor) -> torch.Tensor:
         return x * 2 if flex_attention_fn(True) is flex_attention else x
 
-    torch._dynamo.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         doubled = torch.compile(pick, backend="eager", fullgraph=True)(torch.ones(2))
