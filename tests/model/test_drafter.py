@@ -115,7 +115,7 @@ def test_config_has_one_layer_type_per_drafter_layer():
                                  "input_embedding_scale": 1.0, "target_hidden_states": "decoder_layer_output"}
 
 
-def test_compiled_drafter_traces_flex_attention_without_dynamo_warnings(models):
+def test_flex_attention_fn_hands_a_compiling_caller_the_plain_op():
     """A compiled training pass on the GPU calls flex_attention_fn(True) inside the graph: it must hand
     dynamo the plain op, not the cached compiled wrapper that dynamo warns about on every run."""
     import warnings
