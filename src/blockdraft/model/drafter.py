@@ -12,6 +12,7 @@ Parameter names match the serving format (fc, hidden_norm, layers.i.self_attn.q_
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -23,12 +24,12 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 
 
 @functools.cache
-def compiled_flex_attention():
+def compiled_flex_attention() -> Callable[..., torch.Tensor]:
     """One compiled flex_attention for every eager caller (a new wrapper per call would recompile)."""
     return torch.compile(flex_attention)
 
 
-def flex_attention_fn(compiled: bool):
+def flex_attention_fn(compiled: bool) -> Callable[..., torch.Tensor]:
     """flex_attention only becomes a fused kernel under torch.compile (eager it materialises scores:
     on CPU, for tests only). Inside a compiled graph the plain op is traced: dynamo would warn on the
     cache wrapper."""
