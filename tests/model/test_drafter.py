@@ -1,11 +1,14 @@
 """Drafter outputs depend on exactly what the DFlash visibility rule allows, and on nothing else."""
 
+import warnings
+
 import pytest
 import torch
+from torch.nn.attention.flex_attention import flex_attention
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from blockdraft.evaluate.static import DraftSlots
-from blockdraft.model.drafter import DFlashDrafter, drafter_config
+from blockdraft.model.drafter import DFlashDrafter, compiled_flex_attention, drafter_config, flex_attention_fn
 from blockdraft.model.masks import dense_mask
 from blockdraft.model.target import Target
 
@@ -118,12 +121,6 @@ def test_config_has_one_layer_type_per_drafter_layer():
 def test_flex_attention_fn_hands_a_compiling_caller_the_plain_op():
     """A compiled training pass on the GPU calls flex_attention_fn(True) inside the graph: it must hand
     dynamo the plain op, not the cached compiled wrapper that dynamo warns about on every run."""
-    import warnings
-
-    from torch.nn.attention.flex_attention import flex_attention
-
-    from blockdraft.model.drafter import compiled_flex_attention, flex_attention_fn
-
     def pick(x: torch.Tensor) -> torch.Tensor:
         return x * 2 if flex_attention_fn(True) is flex_attention else x
 
