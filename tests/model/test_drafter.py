@@ -5,10 +5,18 @@ import warnings
 import pytest
 import torch
 from torch.nn.attention.flex_attention import flex_attention
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from blockdraft.evaluate.static import DraftSlots
-from blockdraft.model.drafter import DFlashDrafter, compiled_flex_attention, drafter_config, flex_attention_fn
+from blockdraft.model.drafter import (
+    DFlashDrafter,
+    Float32RotaryEmbedding,
+    compiled_flex_attention,
+    drafter_config,
+    flex_attention_fn,
+)
 from blockdraft.model.masks import dense_mask
 from blockdraft.model.target import Target
 
@@ -130,3 +138,44 @@ def test_flex_attention_fn_hands_a_compiling_caller_the_plain_op():
     assert torch.equal(doubled, torch.full((2,), 2.0))
     assert not [w for w in caught if "lru_cache" in str(w.message)]
     assert flex_attention_fn(True) is compiled_flex_attention() and flex_attention_fn(False) is flex_attention
+
+
+class AtenOps(TorchDispatchMode):
+    """Records the aten ops a call runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func.overloadpacket)
+        return func(*args, **(kwargs or {}))
+
+
+MATMULS = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm, torch.ops.aten.baddbmm}
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "default", "rope_theta": 1e6},
+    {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
+], ids=["theta", "llama3", "dynamic"])
+def test_rotary_tables_are_transformers_own_formed_without_a_matmul(rope):
+    """A float32 matmul may run in TF32 (`set_float32_matmul_precision('high')`), which rounds positions
+    above 2,048: the drafter's angles come from a broadcast product, equal to transformers' to the bit."""
+    cfg = Qwen3Config(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                      max_position_embeddings=64, rope_parameters=rope)
+    ours, theirs = Float32RotaryEmbedding(cfg), Qwen3RotaryEmbedding(cfg)
+    x = torch.zeros(2, 1)  # float32 tables: no bf16 rounding to hide a difference
+    positions = torch.stack([torch.arange(2040, 2060), torch.arange(4990, 5010)])  # [2, 20]
+    with AtenOps() as seen:
+        cos, sin = ours(x, positions)
+    assert not MATMULS & seen.ops
+    cos_ref, sin_ref = theirs(x, positions)
+    assert cos.shape == (2, 20, 16)
+    torch.testing.assert_close(cos, cos_ref, rtol=0, atol=0)
+    torch.testing.assert_close(sin, sin_ref, rtol=0, atol=0)
+    with AtenOps() as seen:
+        theirs(x, positions)
+    assert MATMULS & seen.ops  # what the test guards against is there to find

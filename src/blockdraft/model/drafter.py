@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from torch.utils.checkpoint import checkpoint
 from transformers import Qwen3Config
+from transformers.modeling_rope_utils import dynamic_rope_update
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 
@@ -47,6 +48,22 @@ def flex_kernel_options(mask: BlockMask, q_len: int, kv_len: int, backend: str =
         return {"BACKEND": "FLASH"}
     q_tile, kv_tile = mask.BLOCK_SIZE
     return {"IS_DIVISIBLE": True} if q_len % q_tile == 0 and kv_len % kv_tile == 0 else {}
+
+
+class Float32RotaryEmbedding(Qwen3RotaryEmbedding):
+    """transformers' cos/sin tables (its frequencies, scaling and dynamic updates) with the angles formed by
+    broadcasting, not its float32 matmul: under `set_float32_matmul_precision('high')` that matmul may run
+    in TF32, which rounds positions above 2,048 (transformers#48428); it is also what prompts Inductor's
+    TF32 hint on the GPU."""
+
+    @torch.no_grad()
+    @dynamic_rope_update
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: gives the tables' dtype; position_ids: [n, L] -> cos, sin: [n, L, hd]."""
+        freqs = position_ids[..., None].float() * self.inv_freq.float()  # [n, L, hd/2]
+        angles = torch.cat((freqs, freqs), dim=-1)  # [n, L, hd]
+        cos, sin = angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
+        return cos.to(x.dtype), sin.to(x.dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -131,7 +148,7 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = Qwen3RMSNorm(h, eps=cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = Qwen3RMSNorm(h, eps=cfg.rms_norm_eps)
-        self.rotary_emb = Qwen3RotaryEmbedding(cfg)
+        self.rotary_emb = Float32RotaryEmbedding(cfg)
         self.checkpoint_layers = False  # activation checkpointing, for long contexts
         self.reset_parameters()
 
