@@ -141,18 +141,37 @@ def test_flex_attention_fn_hands_a_compiling_caller_the_plain_op():
 
 
 class AtenOps(TorchDispatchMode):
-    """Records the aten ops a call runs."""
+    """Records the aten ops a call runs, and the output dtype of each matmul."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: set = set()
+        self.matmul_dtypes: set = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops.add(func.overloadpacket)
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in MATMULS:
+            self.matmul_dtypes.add(out.dtype)
+        return out
 
 
 MATMULS = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm, torch.ops.aten.baddbmm}
+
+
+def test_the_drafter_under_bf16_autocast_runs_no_float32_matmul(models):
+    """What training runs: any float32 matmul left would be one `set_float32_matmul_precision('high')`
+    could put through TF32 (and what TorchInductor's TF32 hint flags)."""
+    target, drafter = models
+    ids = torch.randint(0, 60, (1, T))
+    anchors = torch.tensor([3, 8, 14])
+    taps, _ = target.features(ids)  # the target's own RoPE is transformers' (docs/training.md)
+    emb = target.embed_tokens(ids[:, anchors].repeat_interleave(B, dim=1))  # [1, A*B, H]
+    pos = (anchors[:, None] + torch.arange(B)).view(1, -1)
+    mask = dense_mask(anchors, torch.zeros(3, dtype=torch.long), torch.zeros(T, dtype=torch.long), B)
+    with AtenOps() as seen, torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        drafter(emb, pos, drafter.fuse(taps), torch.arange(T)[None], mask)
+    assert seen.matmul_dtypes == {torch.bfloat16}
 
 
 @pytest.mark.parametrize("rope", [
