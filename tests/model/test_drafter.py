@@ -1,4 +1,5 @@
-"""Drafter outputs depend on exactly what the DFlash visibility rule allows, and on nothing else."""
+"""Drafter outputs depend on exactly what the DFlash visibility rule allows, and on nothing else; its RoPE
+angles are transformers' own, formed without a float32 matmul."""
 
 import warnings
 
@@ -140,6 +141,9 @@ def test_flex_attention_fn_hands_a_compiling_caller_the_plain_op():
     assert flex_attention_fn(True) is compiled_flex_attention() and flex_attention_fn(False) is flex_attention
 
 
+MATMULS = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm, torch.ops.aten.baddbmm}
+
+
 class AtenOps(TorchDispatchMode):
     """Records the aten ops a call runs, and the output dtype of each matmul."""
 
@@ -154,9 +158,6 @@ class AtenOps(TorchDispatchMode):
         if func.overloadpacket in MATMULS:
             self.matmul_dtypes.add(out.dtype)
         return out
-
-
-MATMULS = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm, torch.ops.aten.baddbmm}
 
 
 def test_the_drafter_under_bf16_autocast_runs_no_float32_matmul(models):
