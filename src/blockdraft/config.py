@@ -131,9 +131,9 @@ class TrainConfig(Section):
     precision: Literal["bf16", "fp32"] = "bf16"
     compile: bool | Literal["auto"] = Field("auto", description="torch.compile target and drafter (auto: on CUDA)")
     activation_checkpointing: bool = Field(False, description="recompute drafter layers in backward (long contexts)")
-    flex_backend: Literal["triton", "flash"] = Field(
-        "triton", description="the drafter's flex-attention kernels: torch's Triton ones, or FlashAttention-4's "
-        "(`pip install flash-attn-4`, a Hopper or newer GPU; docs/training.md)")
+    flex_backend: Literal["auto", "triton", "flash"] = Field(
+        "auto", description="the drafter's flex-attention kernels: torch's Triton ones, or FlashAttention-4's "
+        "(`pip install 'blockdraft[flash]'`, a Hopper or newer GPU); auto: flash where it can run (docs/training.md)")
     save_every: int = Field(1000, ge=1)
     keep_last: int = Field(3, ge=1)
     eval_every: int | None = Field(None, ge=1)

@@ -1,13 +1,16 @@
 """The per-update compute: the fast path (flex attention over packed blocks) computes what the plain
 path (dense SDPA mask) computes, and odd micro-batches do not break an update."""
 
+import functools
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from blockdraft.errors import UserError
 from blockdraft.model.drafter import flex_kernel_options
 from blockdraft.model.masks import flex_block_mask
-from blockdraft.train import hotpath
+from blockdraft.train import hotpath, loop
 from blockdraft.train.blocks import anchor_generator, sample_blocks
 from blockdraft.train.hotpath import HotPath, Pass
 from blockdraft.train.loop import Trainer
@@ -40,12 +43,13 @@ def test_the_flex_backend_setting_reaches_every_attention_layer(tiny_config, mon
     cfg = tiny_config(train={"flex_backend": "flash"})
     with pytest.raises(UserError, match="Hopper"):  # this machine has no GPU: refused, not ignored
         Trainer(cfg, show_console=False)
-    monkeypatch.setattr(hotpath, "check_flash_attention", lambda device: None)
+    monkeypatch.setattr(hotpath, "flash_attention_problem", lambda device: None)
     trainer = Trainer(cfg, show_console=False)
     trainer.prefetcher.close()
-    HotPath(trainer.target, trainer.drafter, trainer.cfg, trainer.device, fast=True)
+    assert trainer.hot.flex_backend is None  # the CPU's plain path: no flex attention runs
+    fast = HotPath(trainer.target, trainer.drafter, trainer.cfg, trainer.device, fast=True)
     attention = [layer.self_attn for layer in trainer.drafter.layers]
-    assert {a.flex_backend for a in attention} == {"FLASH"}
+    assert fast.flex_backend == "flash" and {a.flex_backend for a in attention} == {"FLASH"}
     one_doc = torch.zeros(224, dtype=torch.long)
     mask = flex_block_mask(torch.tensor([3, 40]), one_doc[:2], one_doc, 64)
     assert flex_kernel_options(mask, 128, 352, "FLASH") == {"BACKEND": "FLASH"}
@@ -55,11 +59,63 @@ def test_the_flex_backend_setting_reaches_every_attention_layer(tiny_config, mon
     assert {a.flex_backend for a in attention} == {"TRITON"}
 
 
-def test_flash_attention_is_refused_without_flash_attn_4(monkeypatch):
+@pytest.fixture
+def hopper(monkeypatch):
+    """A Hopper GPU as far as the backend's checks ask; `hopper(installed, imports)` sets up flash-attn-4
+    as hotpath's importlib sees it (only there: the rest of the process imports as before)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(hotpath.importlib.util, "find_spec", lambda name: None)
+
+    def flash(installed: bool, imports: bool = True) -> None:
+        def import_module(name: str) -> None:
+            if not imports:
+                raise ImportError("No module named 'cutlass'")
+
+        fake = SimpleNamespace(util=SimpleNamespace(find_spec=lambda name: object() if installed else None),
+                               import_module=import_module)
+        monkeypatch.setattr(hotpath, "importlib", fake)
+
+    return flash
+
+
+def test_auto_takes_flash_attention_where_it_can_run(hopper):
+    gpu = torch.device("cuda", 0)
+    hopper(installed=True)
+    assert hotpath.resolve_flex_backend("auto", gpu) == ("flash", None)
+    assert hotpath.resolve_flex_backend("triton", gpu) == ("triton", None)
+    hopper(installed=False)  # not installed: triton, nothing to say
+    assert hotpath.resolve_flex_backend("auto", gpu) == ("triton", None)
+    assert hotpath.resolve_flex_backend("auto", torch.device("cpu")) == ("triton", None)
+
+
+def test_auto_says_why_an_installed_flash_attention_is_not_used(hopper, monkeypatch):
+    hopper(installed=True, imports=False)  # the CuTe DSL's wheel missing
+    backend, note = hotpath.resolve_flex_backend("auto", torch.device("cuda", 0))
+    assert backend == "triton" and "No module named 'cutlass'" in note and "using triton" in note
+    hopper(installed=True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # an A100
+    backend, note = hotpath.resolve_flex_backend("auto", torch.device("cuda", 0))
+    assert backend == "triton" and "Hopper or newer" in note
+
+
+def test_the_run_says_when_an_installed_flash_attention_is_not_used(tiny_config, hopper, monkeypatch, capsys):
+    hopper(installed=True, imports=False)
+    monkeypatch.setattr(loop, "HotPath", functools.partial(HotPath, fast=True))  # flex attention, as on a GPU
+    trainer = Trainer(tiny_config(), show_console=False)
+    trainer.prefetcher.close()
+    assert trainer.hot.flex_backend == "triton"
+    assert "warning: train.flex_backend auto: FlashAttention-4 is installed but unused" in capsys.readouterr().err
+    assert [code for code, _, _ in trainer.pending_notes] == ["flex_backend_fallback"]  # into the log at run_start
+
+
+def test_flash_attention_asked_for_is_refused_in_one_line_where_it_cannot_run(hopper):
+    gpu = torch.device("cuda", 0)
+    hopper(installed=False)
     with pytest.raises(UserError, match="pip install flash-attn-4"):
-        hotpath.check_flash_attention(torch.device("cuda", 0))
+        hotpath.resolve_flex_backend("flash", gpu)
+    hopper(installed=True, imports=False)
+    with pytest.raises(UserError, match="does not import .*cutlass") as refused:
+        hotpath.resolve_flex_backend("flash", gpu)
+    assert "\n" not in str(refused.value)
 
 
 def test_a_micro_batch_without_any_anchor_adds_nothing(tiny_config):

@@ -101,6 +101,7 @@ def test_run_folder_and_records(tiny_config):
     records = [json.loads(line) for line in lines]
     kinds = [r["kind"] for r in records]
     assert kinds[0] == "run_start" and kinds[1] == "data" and kinds[-1] == "run_end"
+    assert records[0]["flex_backend"] is None  # the CPU's dense attention: no flex kernels ran
     steps = [r for r in records if r["kind"] == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
     required = {"lr", "loss", "loss_tokens", "acc", "acc_per_pos", "streak", "tau_est", "grad_norm", "clipped",

@@ -191,7 +191,7 @@ def measure(args: argparse.Namespace, stall: bool = True, data: UserData | None 
                    f"{cfg.train.num_anchors} anchors",
         "seq_len": args.seq_len, "micro_batch": args.micro_batch, "torch": torch.__version__,
         "peak_tflops": peak, "matmul_tflops": matmul_tflops(device), "fast_path": hot.attention == "flex",
-        "flex_backend": cfg.train.flex_backend if hot.attention == "flex" else None,
+        "flex_backend": hot.flex_backend, "flex_backend_note": hot.flex_note,
         "compile": hot.compile, "bf16": hot.use_bf16, "date": time.strftime("%Y-%m-%d"),
         "shape_classes": hot.shapes is not None, "anchors_per_token": cfg.train.anchors_per_token,
         "mix": {"median": args.mix_median, "sigma": args.mix_sigma, "max": args.seq_len},

@@ -97,7 +97,7 @@ def hyperparameters(run_start: dict[str, Any]) -> dict[str, Any]:
                 flat[f"{prefix}{key}"] = value
 
     walk(run_start.get("config", {}), "")
-    for key in ("world_size", "device", "resumed_from", "total_steps", "warmup_steps", "drafter_params",
+    for key in ("world_size", "device", "flex_backend", "resumed_from", "total_steps", "warmup_steps", "drafter_params",
                 "target_layer_ids", "mask_token_id"):
         if key in run_start:
             flat[f"run.{key}"] = run_start[key]

@@ -67,14 +67,32 @@ def flash_attention_installed() -> bool:
         return False
 
 
-def check_flash_attention(device: torch.device) -> None:
-    """`train.flex_backend: flash` needs the flash-attn-4 package and a Hopper or newer GPU, else one
-    clear line before any compile."""
+def flash_attention_problem(device: torch.device) -> str | None:
+    """Why FlashAttention-4 cannot run the drafter's attention here, or None: it needs a Hopper or newer
+    GPU and the flash-attn-4 package, importable (its CuTe DSL is a separate wheel that can be missing)."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
-        raise UserError(f"train.flex_backend: flash needs a Hopper or newer GPU (this device: {device}); "
-                        "use triton")
+        return f"it needs a Hopper or newer GPU (this device: {device})"
     if not flash_attention_installed():
-        raise UserError("train.flex_backend: flash needs FlashAttention-4 (pip install flash-attn-4); use triton")
+        return "it needs FlashAttention-4 (pip install flash-attn-4)"
+    try:
+        importlib.import_module("flash_attn.cute")
+    except Exception as e:  # a broken install fails in many ways (a missing wheel, a DSL that cannot load)
+        return f"flash_attn.cute does not import ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return None
+
+
+def resolve_flex_backend(setting: str, device: torch.device) -> tuple[str, str | None]:
+    """The drafter's flex-attention kernels for `train.flex_backend`, and a note when `auto` found
+    FlashAttention-4 installed but unusable. `flash` is asked for: refused with one line, never ignored.
+    `auto` takes flash where it can run (installing `blockdraft[flash]` is the opt-in), else triton."""
+    if setting == "triton":
+        return "triton", None
+    problem = flash_attention_problem(device)
+    if setting == "flash" and problem:
+        raise UserError(f"train.flex_backend: flash: {problem}; use triton or auto")
+    if problem and flash_attention_installed():
+        return "triton", f"train.flex_backend auto: FlashAttention-4 is installed but unused: {problem}; using triton"
+    return ("triton" if problem else "flash"), None
 
 
 def figures_to_host(vector: torch.Tensor, grad_norm: torch.Tensor) -> tuple[list[float], float]:
@@ -217,10 +235,12 @@ class HotPath:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             target.compile_features()
         drafter.checkpoint_layers = cfg.train.activation_checkpointing
-        if cfg.train.flex_backend == "flash":  # also for the plain path: asked for, never silently ignored
-            check_flash_attention(device)
-        if self.attention == "flex":
-            drafter.use_flex_backend(cfg.train.flex_backend.upper())
+        # resolved on the plain path too: flash asked for is refused there as on the fast path
+        backend, note = resolve_flex_backend(cfg.train.flex_backend, device)
+        self.flex_backend = backend if self.attention == "flex" else None  # kernels that run: the logs' field
+        self.flex_note = note if self.attention == "flex" else None
+        if self.flex_backend is not None:
+            drafter.use_flex_backend(self.flex_backend.upper())
         self.module = module if module is not None else DraftForward(drafter)
         self.defer_sync = defer_sync
         self._forward: nn.Module | None = None  # compiled at the first call, when the fast path asks for it

@@ -114,6 +114,8 @@ class Trainer:
         # wrapped before the optimizer is built (FSDP2 swaps the parameters) and before the step runner
         module, defer_sync = distributed.wrap(DraftForward(self.drafter), cfg.train.parallel, self.dp, self.device)
         self.hot = HotPath(self.target, self.drafter, cfg, self.device, module=module, defer_sync=defer_sync)
+        if self.hot.flex_note:
+            self.note("flex_backend_fallback", "warning", self.hot.flex_note)
         # one scan of the loss mask, for the batch costs and the warm-up's block counts
         self.anchor_scan = anchor_candidates(self.dataset, d.block_size)  # (candidates, their position sums)
         self.sampler = BatchSampler(self.dataset.lengths, cfg.data, seed=cfg.train.seed, rank=self.rank,
@@ -297,7 +299,8 @@ class Trainer:
         self.log.write(
             "run_start", self.step, schema=SCHEMA, config=cfg.model_dump(mode="json"),
             versions={"blockdraft": __version__, "torch": torch.__version__, "python": platform.python_version()},
-            world_size=self.world, device=str(self.device), resumed_from=self.resumed_from,
+            world_size=self.world, device=str(self.device), flex_backend=self.hot.flex_backend,
+            resumed_from=self.resumed_from,
             total_steps=self.total_steps, warmup_steps=self.warmup_steps,
             batches_per_epoch=self.sampler.updates_per_epoch,
             drafter_params=sum(p.numel() for p in self.drafter.parameters()),
