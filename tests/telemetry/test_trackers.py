@@ -160,8 +160,10 @@ def test_metrics_name_fields_by_record_kind_and_skip_text():
                              "train/acc_per_pos/2": 0.25, "train/buckets/1": 1.0}
     assert metrics({"kind": "eval", "time": 1.0, "step": 4, "tau": 3.1, "mode": "path"}) == {"eval/tau": 3.1}
     assert metrics({"kind": "warning", "time": 1.0, "step": 4, "code": "x"}) == {}
-    params = hyperparameters({"config": {"optim": {"lr": 1e-3, "betas": [0.9, 0.95]}}, "world_size": 8})
-    assert params == {"optim.lr": 1e-3, "optim.betas": [0.9, 0.95], "run.world_size": 8}
+    params = hyperparameters({"config": {"optim": {"lr": 1e-3, "betas": [0.9, 0.95]}}, "world_size": 8,
+                              "flex_backend": "flash"})
+    assert params == {"optim.lr": 1e-3, "optim.betas": [0.9, 0.95], "run.world_size": 8,
+                      "run.flex_backend": "flash"}  # the kernels that ran, beside the config's `auto`
 
 
 def test_a_missing_tracker_library_is_one_line_naming_the_extra(tiny_config, tmp_path, capsys, monkeypatch):
