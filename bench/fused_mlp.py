@@ -26,6 +26,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from blockdraft.bench.measure import cuda_median_ms
+
 HIDDEN, INTERMEDIATE = 4096, 12288  # Qwen3-8B's MLP
 
 
@@ -39,20 +41,6 @@ def fused_swiglu_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor)
     from quack.mlp import mlp_func
 
     return mlp_func(x, gate_up, down, activation="swiglu", concat_layout=True, tuned=False)
-
-
-def median_ms(fn, calls: int = 20, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(calls):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -83,7 +71,7 @@ def drafter_case(rows: int) -> dict[str, object]:
         out = fn()
         out.backward(grad_out)
         outputs[name] = (out.detach(), [leaf.grad.clone() for leaf in leaves])
-        ms[name] = median_ms(lambda fn=fn: fn().backward(grad_out))
+        ms[name] = cuda_median_ms(lambda fn=fn: fn().backward(grad_out))
     (out_c, grads_c), (out_q, grads_q) = outputs["compiled"], outputs["quack"]
     names = ("x", "gate", "up", "down")
     grad_errors = {name: relative(q, c) for name, q, c in zip(names, grads_q, grads_c, strict=True)}
@@ -100,8 +88,8 @@ def target_case(rows: int) -> dict[str, object]:
     gate_up = torch.cat([gate, up])
     compiled = torch.compile(swiglu_mlp)
     out_c, out_q = compiled(x, gate, up, down), fused_swiglu_mlp(x, gate_up, down)
-    ms = {"compiled": median_ms(lambda: compiled(x, gate, up, down)),
-          "quack": median_ms(lambda: fused_swiglu_mlp(x, gate_up, down))}
+    ms = {"compiled": cuda_median_ms(lambda: compiled(x, gate, up, down)),
+          "quack": cuda_median_ms(lambda: fused_swiglu_mlp(x, gate_up, down))}
     return {"rows": rows, "forward_ms": ms, "speedup": ms["compiled"] / ms["quack"],
             "out_rel_err": relative(out_q, out_c)}
 

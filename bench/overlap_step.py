@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from blockdraft.bench.measure import build_models
+from blockdraft.bench.measure import build_models, cuda_median_ms
 from blockdraft.bench.shapes import SHAPES, target_config
 from blockdraft.config import build_config
 from blockdraft.train.optimizer import build_optimizer
@@ -45,20 +45,6 @@ def pieces(shape: str, seq_len: int, micro_batch: int, device: torch.device) -> 
     optimizer = build_optimizer(params, cfg.optim, device)
     ids = torch.randint(0, hf_cfg.vocab_size, (micro_batch, seq_len), device=device)
     return (lambda: target.features(ids)[0]), optimizer.step
-
-
-def median_ms(fn: Callable[[], object], calls: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(calls):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def side_by_side(forward: Callable[[], torch.Tensor], step: Callable[[], object]) -> Callable[[], torch.Tensor]:
@@ -94,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     forward, step = pieces(args.target_shape, args.seq_len, args.micro_batch, device)
     alone = forward()
-    ms = {"step": median_ms(step, args.calls), "target_forward": median_ms(forward, args.calls),
-          "sequential": median_ms(lambda: (step(), forward()), args.calls),
-          "concurrent": median_ms(side_by_side(forward, step), args.calls)}
+    ms = {"step": cuda_median_ms(step, args.calls), "target_forward": cuda_median_ms(forward, args.calls),
+          "sequential": cuda_median_ms(lambda: (step(), forward()), args.calls),
+          "concurrent": cuda_median_ms(side_by_side(forward, step), args.calls)}
     same = bool(torch.equal(side_by_side(forward, step)(), alone))
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": args.target_shape,
               "tokens": args.seq_len * args.micro_batch, "ms": ms, "hidden_ms": ms["sequential"] - ms["concurrent"],

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,22 @@ def nominal_peak(device: torch.device, given: float | None) -> float | None:
         return given
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+
+
+def cuda_median_ms(fn: Callable[[], object], calls: int = 20, warmup: int = 3) -> float:
+    """Median milliseconds of `fn` on the current CUDA stream (events around each call), after `warmup`
+    calls: the bench scripts' timing of one piece of an update."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def matmul_tflops(device: torch.device, n: int = 8192, reps: int = 20) -> float | None:
