@@ -28,6 +28,7 @@ import torch
 from blockdraft.bench.measure import build_models, cuda_median_ms
 from blockdraft.bench.shapes import SHAPES, target_config
 from blockdraft.config import build_config
+from blockdraft.errors import exit_script
 from blockdraft.train.optimizer import build_optimizer
 
 
@@ -73,9 +74,6 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("error: overlap_step.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    if args.target_shape not in SHAPES:
-        print(f"error: unknown target shape {args.target_shape!r}; choose one of {', '.join(SHAPES)}", file=sys.stderr)
-        return 2
     torch.manual_seed(0)
     device = torch.device("cuda", torch.cuda.current_device())
     forward, step = pieces(args.target_shape, args.seq_len, args.micro_batch, device)
@@ -93,4 +91,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_script(main)

@@ -79,7 +79,7 @@ from blockdraft.bench.measure import nominal_peak, summarize_rows
 from blockdraft.commands import bench as bench_command
 from blockdraft.config import Config
 from blockdraft.data.cache import Samples
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, exit_script
 from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 from blockdraft.model.target import resolve_mask_token, target_dtype
 from blockdraft.telemetry.console import or_dash
@@ -532,8 +532,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    exit_script(main)

@@ -4,7 +4,7 @@ from argparse import Namespace
 
 import pytest
 
-from blockdraft.errors import UserError, check_at_least, first_line
+from blockdraft.errors import UserError, check_at_least, exit_script, first_line
 
 
 def test_the_first_option_below_its_minimum_is_named_and_unset_ones_pass():
@@ -17,3 +17,16 @@ def test_the_first_option_below_its_minimum_is_named_and_unset_ones_pass():
 def test_a_library_message_is_quoted_by_its_first_line_or_its_type():
     assert first_line(OSError("no file\n  more detail\n")) == "no file"
     assert first_line(ValueError("  ")) == "ValueError"
+
+
+def test_a_scripts_user_error_is_one_line_and_exit_code_2(capsys):
+    def main() -> int:
+        raise UserError("data file not found: /nope.jsonl")
+
+    with pytest.raises(SystemExit) as stopped:
+        exit_script(main)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == "error: data file not found: /nope.jsonl\n"
+    with pytest.raises(SystemExit) as stopped:
+        exit_script(lambda: 0)
+    assert stopped.value.code == 0

@@ -1,12 +1,15 @@
 """The one exception type for mistakes a user can make (paths, config, data), and the checks that
-raise it from more than one place: `make_dir`, `check_at_least`, `first_line`.
+raise it from more than one place: `make_dir`, `check_at_least`, `first_line`; `exit_script`, the same
+single line for the scripts under bench/.
 
 The CLI turns a UserError into a single line on stderr and exit code 2; anything else is a bug
 and keeps its traceback.
 """
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 
 class UserError(Exception):
@@ -36,3 +39,14 @@ def first_line(exc: BaseException) -> str:
     says nothing (some loaders raise multi-line or empty messages)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def exit_script(main: Callable[[], int]) -> NoReturn:
+    """A bench script's entry point: exit with `main`'s code, or with one line on stderr and code 2 when it
+    raises a UserError, as the CLI does."""
+    try:
+        code = main()
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 2
+    sys.exit(code)

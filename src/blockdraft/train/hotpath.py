@@ -32,7 +32,7 @@ from blockdraft.config import Config
 from blockdraft.data.batching import BatchSampler, PlannedBatch
 from blockdraft.data.cache import Samples
 from blockdraft.data.prefetch import Batch, collate
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, first_line
 from blockdraft.model.drafter import DFlashDrafter
 from blockdraft.model.masks import dense_mask, flex_block_mask
 from blockdraft.model.target import Target
@@ -77,7 +77,7 @@ def flash_attention_problem(device: torch.device) -> str | None:
     try:
         importlib.import_module("flash_attn.cute")
     except Exception as e:  # a broken install fails in many ways (a missing wheel, a DSL that cannot load)
-        return f"flash_attn.cute does not import ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        return f"flash_attn.cute does not import ({type(e).__name__}: {first_line(e)})"
     return None
 
 
@@ -88,11 +88,13 @@ def resolve_flex_backend(setting: str, device: torch.device) -> tuple[str, str |
     if setting == "triton":
         return "triton", None
     problem = flash_attention_problem(device)
-    if setting == "flash" and problem:
+    if problem is None:
+        return "flash", None
+    if setting == "flash":
         raise UserError(f"train.flex_backend: flash: {problem}; use triton or auto")
-    if problem and flash_attention_installed():
-        return "triton", f"train.flex_backend auto: FlashAttention-4 is installed but unused: {problem}; using triton"
-    return ("triton" if problem else "flash"), None
+    if not flash_attention_installed():  # auto without the extra: nothing to say
+        return "triton", None
+    return "triton", f"train.flex_backend auto: FlashAttention-4 is installed but unused: {problem}; using triton"
 
 
 def figures_to_host(vector: torch.Tensor, grad_norm: torch.Tensor) -> tuple[list[float], float]:
