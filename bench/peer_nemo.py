@@ -75,7 +75,7 @@ import numpy as np
 import torch
 
 from blockdraft.bench.datasets import UserData, bench_dataset, bench_profiles, prepare_user_data
-from blockdraft.bench.measure import nominal_peak, summarize_rows
+from blockdraft.bench.measure import UpdateClock, nominal_peak, summarize_rows, synchronize
 from blockdraft.commands import bench as bench_command
 from blockdraft.config import Config
 from blockdraft.data.cache import Samples
@@ -325,11 +325,6 @@ def _padded(group: list[tuple[list[int], list[int]]], width: int) -> list[dict[s
              "attention_mask": [1] * len(ids) + [0] * (width - len(ids))} for ids, mask in group]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def measure_mode(peer: Peer, nemo: types.SimpleNamespace, profile: str, mode: str, args: argparse.Namespace,
                  peak: float | None, data: UserData | None = None) -> dict[str, Any]:
     """One NeMo padding mode on one length profile's samples (`data`: the prepared `--data` files, for the
@@ -344,18 +339,17 @@ def measure_mode(peer: Peer, nemo: types.SimpleNamespace, profile: str, mode: st
     t_dims, d_dims = Dims.of(peer.hf_cfg), Dims.of(peer.draft_config)
     layers_run, vocab = max(shape.layer_ids) + 1, peer.hf_cfg.vocab_size
     rows, kept, skipped, anchors = [], [], 0, []
+    clock = UpdateClock(device)  # its updates timed as ours are
     for k in range(1, updates + 1):
         if k == args.warmup + 1:
             graphs_before = graphs_compiled()
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-        _sync(device)
         t0 = time.perf_counter()
         host = [next(batches) for _ in range(grad_accum)]
         wait = time.perf_counter() - t0
         micro = peer.update(host)
-        _sync(device)
-        step_time = time.perf_counter() - t0
+        step_time = clock.lap()
         if k <= args.warmup:
             continue
         done = [m for m in micro if m.logged is not None]
@@ -385,11 +379,11 @@ def time_target(peer: Peer, kept: list[list[dict[str, torch.Tensor]]]) -> float:
     """Median seconds of its target forward alone over one update's micro-batches."""
     times = []
     for micro in kept:
-        _sync(peer.device)
+        synchronize(peer.device)
         t0 = time.perf_counter()
         for batch in micro:
             peer.features(batch)
-        _sync(peer.device)
+        synchronize(peer.device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times) if times else 0.0
 

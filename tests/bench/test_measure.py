@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from blockdraft.bench import shapes
+from blockdraft.bench import measure, shapes
 from blockdraft.bench.measure import build_models
 from blockdraft.bench.shapes import target_config, target_tokenizer
 from blockdraft.cli import main
@@ -67,3 +67,28 @@ def test_an_update_copies_its_figures_to_the_host_before_the_optimizer_steps(mon
                  "train.num_anchors=4"]) == 0
     assert json.loads(capsys.readouterr().out)["profiles"][0]["steps"] == 2
     assert events == ["figures", "step"] * 3  # the warm-up update and the two measured
+
+
+def test_measured_updates_wait_only_where_training_waits(monkeypatch, capsys):
+    """No device synchronisation between one update and the next, as in training: an update's window
+    starts at the end of the one before, so the GPU time of that one's optimizer step is paid in it
+    (a synchronisation before each update would leave it out of every window)."""
+    events = []
+    sync, copy, step = measure.synchronize, hotpath.figures_to_host, torch.optim.AdamW.step
+
+    def recorded(name, fn):
+        def call(*args, **kwargs):
+            events.append(name)
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(measure, "synchronize", recorded("sync", sync))
+    monkeypatch.setattr(hotpath, "figures_to_host", recorded("figures", copy))
+    monkeypatch.setattr(torch.optim.AdamW, "step", recorded("step", step))
+    assert main(["bench", "--target-shape", "tiny", "--lengths", "full", "--steps", "3", "--warmup", "1",
+                 "--seq-len", "64", "--micro-batch", "1", "--device", "cpu", "--no-check", "--json",
+                 "train.num_anchors=4"]) == 0
+    assert json.loads(capsys.readouterr().out)["profiles"][0]["steps"] == 3
+    first, last = events.index("figures"), len(events) - events[::-1].index("step")
+    assert events[first:last] == ["figures", "step"] * 4  # the warm-up update and the three measured
+    assert "sync" in events[:first]  # the clock starts from an idle device

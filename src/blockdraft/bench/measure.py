@@ -9,6 +9,8 @@ supervised blocks (blocks with at least one label), each per second at the media
 (`tokens_per_s`, `blocks_per_s`) and over the whole measured window, stalls included
 (`tokens_per_s_wall`, `blocks_per_s_wall`); `blocks_per_1k_tokens` links them. A recompile shows as
 `graphs_compiled` growing while measuring and as a slow update (over 2x the median) in `slow_steps`.
+Each update is timed by `UpdateClock`: from the end of the update before, with no synchronisation the
+trainer does not make itself, so an optimizer step's GPU time is paid in the next update's window.
 """
 
 from __future__ import annotations
@@ -92,9 +94,29 @@ def build_models(cfg: Config, hf_cfg, device: torch.device, tokenizer: Any | Non
     return target, DFlashDrafter(dcfg).to(device)
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for all of the device's streams (nothing on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+class UpdateClock:
+    """An update's time as a training run spends it: from the end of the update before (its optimizer
+    step launched, not waited for) to the end of this one, adding no synchronisation the trainer does not
+    make itself. The GPU still running an update's optimizer step is paid for in the next window, so
+    every trainer pays for its step, the windows add up to the wall clock, and work the trainer overlaps
+    with the step (its host side, the next update's first kernels) is not counted twice. Started after a
+    full synchronisation; `lap` at each update's end."""
+
+    def __init__(self, device: torch.device) -> None:
+        synchronize(device)
+        self.last = time.perf_counter()
+
+    def lap(self) -> float:
+        """Seconds since the previous lap (or the start)."""
+        now = time.perf_counter()
+        elapsed, self.last = now - self.last, now
+        return elapsed
 
 
 def draft_work(packed) -> DraftWork:
@@ -130,7 +152,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     taps, layers_run = len(hot.drafter.target_layer_ids), hot.target.layer_ids[-1] + 1
     rows: list[dict[str, float]] = []
     kept: list = []
-    _sync(device)
+    synchronize(device)
     t0, before = time.perf_counter(), graphs_compiled()
     # a dataset smaller than the window is cycled, as training cycles its epochs
     epochs = math.ceil((args.warmup + args.steps) * cfg.train.grad_accum / max(1, sampler.batches_per_epoch))
@@ -138,17 +160,17 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
     plan = RunPlan.of(dataset, sampler, dataset_blocks(dataset, cfg, candidates), epochs)
     hot.fit_shapes(plan)
     warm_passes = hot.warm_up(hot.warmup_batches(dataset, plan))
-    _sync(device)
+    synchronize(device)
     warm = {"warmup_passes": warm_passes, "warmup_s": time.perf_counter() - t0,
             "warmup_graphs_compiled": graphs_compiled() - before}
     with Prefetcher(dataset, sampler, depth=cfg.data.prefetch_depth, pin_memory=device.type == "cuda",
                     prepare=hot.prepare) as prefetcher:
+        clock = UpdateClock(device)
         for k in range(1, args.warmup + args.steps + 1):
             if k == args.warmup + 1:
                 graphs_before = graphs_compiled()
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
-            _sync(device)
             t0 = time.perf_counter()
             micro = [prefetcher.next() for _ in range(cfg.train.grad_accum)]
             wait = time.perf_counter() - t0
@@ -162,7 +184,7 @@ def run_profile(hot, optimizer, cfg: Config, profile: str, args, hf_cfg, peak: f
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             all_tokens, all_padded = sum_over_ranks([sum(lengths), padded], device)  # as in training
-            step_time = time.perf_counter() - t0
+            step_time = clock.lap()
             if k <= args.warmup:
                 continue
             sums = StepSums.decode(host)
@@ -198,13 +220,13 @@ def time_target(hot, kept: list) -> float:
     """Median seconds of the target forward alone over one step's micro-batches."""
     times = []
     for micro in kept:
-        _sync(hot.device)
+        synchronize(hot.device)
         t0 = time.perf_counter()
         with torch.autocast(hot.device.type, dtype=torch.bfloat16, enabled=hot.use_bf16):
             for mb in micro:
                 for part in mb.passes:
                     hot.target.features(part.input_ids)
-        _sync(hot.device)
+        synchronize(hot.device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times) if times else 0.0
 
@@ -345,10 +367,10 @@ def checkpoint_stall(hot, optimizer: torch.optim.Optimizer) -> dict[str, float |
         dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         copies = []
         for _ in range(3):
-            _sync(hot.device)
+            synchronize(hot.device)
             t0 = time.perf_counter()
             dst.copy_(src, non_blocking=True)
-            _sync(hot.device)
+            synchronize(hot.device)
             copies.append(time.perf_counter() - t0)
         out["d2h_s"] = statistics.median(copies)
         out["first_over_d2h"] = times[0] / out["d2h_s"]
