@@ -173,7 +173,8 @@ def test_a_placeholder_pass_adds_nothing_to_the_update(tiny_config):
     v1, _ = trainer.hot.accumulate([batch], step=1, rank=0, noise_std=0.0)
     g1 = [p.grad.clone() for p in trainer.drafter.parameters()]
     trainer.drafter.zero_grad(set_to_none=True)
-    batch.passes.append(Pass.placeholder(batch.passes[-1], trainer.cfg.drafter.block_size, trainer.hot.shapes))
+    filler = Pass.placeholder(trainer.cfg.drafter.block_size, trainer.hot.shapes)
+    batch.passes.append(trainer.hot.pass_to_device(filler))
     v2, _ = trainer.hot.accumulate([batch], step=1, rank=0, noise_std=0.0)
     torch.testing.assert_close(v2, v1)
     for a, b in zip(g1, [p.grad for p in trainer.drafter.parameters()], strict=True):
@@ -199,3 +200,29 @@ def test_clip_gives_clip_grad_norm_s_gradients_over_and_under_the_cap(tiny_confi
     assert norm == expected_norm.item() and (norm > cap) == (cap < 1)
     for r, p in zip(reference, params, strict=True):
         assert torch.equal(p.grad, r.grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the target stream is a CUDA stream")
+def test_the_target_stream_changes_no_update(tiny_config):
+    """The target's forward on its own stream, overlapping the step before it, gives the very same
+    losses and weights over updates of several passes each as the forward on the main stream."""
+
+    def three_updates(target_stream: bool) -> tuple[list[float], list[torch.Tensor]]:
+        cfg = tiny_config(train={"device": "cuda", "precision": "bf16", "target_stream": target_stream,
+                                 "max_blocks_per_pass": 8})  # compiled, as training runs on a GPU
+        trainer = Trainer(cfg, show_console=False)
+        try:
+            batches = [trainer.prefetcher.next() for _ in range(3)]
+        finally:
+            trainer.prefetcher.close()
+        assert (trainer.hot.target_stream is not None) == target_stream
+        assert all(len(b.passes) > 1 for b in batches)
+        torch.manual_seed(0)
+        trainer.drafter.reset_parameters()
+        losses = [trainer.train_step([trainer.hot.to_device(b)])["loss"] for b in batches]
+        return losses, [p.detach().clone() for p in trainer.drafter.parameters()]
+
+    losses, weights = three_updates(True)
+    losses_main, weights_main = three_updates(False)
+    assert losses == losses_main
+    assert all(torch.equal(a, b) for a, b in zip(weights, weights_main, strict=True))

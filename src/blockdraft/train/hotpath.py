@@ -51,12 +51,11 @@ class Pass:
     packed: Packed
 
     @staticmethod
-    def placeholder(like: Pass, block_size: int, shapes: ShapeClasses | None) -> Pass:
-        """A one-token pass with no label: it adds nothing to the update, but gives a rank with fewer
-        passes the same number of forwards and backwards (hence collectives) as the others."""
-        ids = like.input_ids[:1, :1]  # [1, 1]
-        packed = pack(ids.cpu(), torch.zeros(1, 1, dtype=torch.bool), torch.tensor([1]), block_size, 1, None, shapes)
-        return Pass(ids, packed.to(ids.device))
+    def placeholder(block_size: int, shapes: ShapeClasses | None) -> Pass:
+        """A one-token pass with no label, on the host: it adds nothing to the update, but gives a rank
+        with fewer passes the same number of forwards and backwards (hence collectives) as the others."""
+        ids = torch.zeros(1, 1, dtype=torch.long)  # [1, 1]
+        return Pass(ids, pack(ids, torch.zeros(1, 1, dtype=torch.bool), torch.tensor([1]), block_size, 1, None, shapes))
 
 
 def flash_attention_installed() -> bool:
@@ -243,6 +242,10 @@ class HotPath:
         self.flex_note = note if self.attention == "flex" else None
         if self.flex_backend is not None:
             drafter.use_flex_backend(self.flex_backend.upper())
+        # the frozen target's forward on a stream of its own: it reads no drafter weight, so the next
+        # update's can run while the GPU still runs this update's optimizer step
+        self.target_stream = torch.cuda.Stream(device) if fast and cfg.train.target_stream and device.type == "cuda" \
+            else None
         self.module = module if module is not None else DraftForward(drafter)
         self.defer_sync = defer_sync
         self._forward: nn.Module | None = None  # compiled at the first call, when the fast path asks for it
@@ -269,9 +272,31 @@ class HotPath:
 
     def to_device(self, batch: Batch) -> Batch:
         """Pinned host tensors -> device without waiting (the copy overlaps the previous step's tail)."""
-        batch.passes = [Pass(p.input_ids.to(self.device, non_blocking=True), p.packed.to(self.device))
-                        for p in batch.passes]
+        batch.passes = [self.pass_to_device(p) for p in batch.passes]
         return batch
+
+    def pass_to_device(self, part: Pass) -> Pass:
+        """The target's tokens are copied on the stream that reads them (`target_features`), so that
+        nothing the main stream still runs holds them back."""
+        with self.on_target_stream():
+            ids = part.input_ids.to(self.device, non_blocking=True)
+        return Pass(ids, part.packed.to(self.device))
+
+    def on_target_stream(self) -> AbstractContextManager:
+        return torch.cuda.stream(self.target_stream) if self.target_stream is not None else contextlib.nullcontext()
+
+    def target_features(self, input_ids: torch.Tensor, final_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The target's taps [n, T, N*H] (and final hidden states), computed on the target stream; the
+        current stream waits for them before it reads them."""
+        with self.on_target_stream():
+            taps, final = self.target.features(input_ids, final_hidden=final_hidden)
+        if self.target_stream is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(self.target_stream)
+            for t in (taps, final):
+                if t is not None:  # made on the target stream, freed after the current one's use
+                    t.record_stream(current)
+        return taps, final
 
     # ---- compute -----------------------------------------------------------------------------------
     def micro_stats(self, part: Pass, blocks: Blocks, noise_std: float, gen: torch.Generator) -> MicroStats:
@@ -283,7 +308,7 @@ class HotPath:
         length = packed.input_ids.shape[0]
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16):
             with record_function("target"):  # ranges for `blockdraft bench --profile` (bench/profile.py)
-                taps, final = self.target.features(part.input_ids, final_hidden=need_final)  # [n, T, N*H]
+                taps, final = self.target_features(part.input_ids, need_final)  # [n, T, N*H]
             taps = taps.flatten(0, 1)[packed.token_index][None]  # [1, L', N*H]: batch padding dropped
             noise = None
             if noise_std > 0 or self.noisy:
@@ -368,7 +393,8 @@ class HotPath:
             most = torch.tensor([len(passes)], device=self.device)
             dist.all_reduce(most, op=dist.ReduceOp.MAX)
             keys += [(-1 - rank, i) for i in range(int(most) - len(passes))]  # placeholders: no labels
-            passes += [Pass.placeholder(passes[-1], cfg.drafter.block_size, self.shapes)] * (int(most) - len(passes))
+            filler = self.pass_to_device(Pass.placeholder(cfg.drafter.block_size, self.shapes))
+            passes += [filler] * (int(most) - len(passes))
         blocks, gens = [], []
         for part, (micro, index) in zip(passes, keys, strict=True):
             g = anchor_generator(cfg.train.seed, step, micro, index, self.device)
