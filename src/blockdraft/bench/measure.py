@@ -97,7 +97,7 @@ def build_models(cfg: Config, hf_cfg, device: torch.device, tokenizer: Any | Non
 def synchronize(device: torch.device) -> None:
     """Wait for all of the device's streams (nothing on the CPU)."""
     if device.type == "cuda":
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
 
 
 class UpdateClock:

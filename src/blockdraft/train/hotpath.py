@@ -283,6 +283,7 @@ class HotPath:
         return Pass(ids, part.packed.to(self.device))
 
     def on_target_stream(self) -> AbstractContextManager:
+        """The target stream as the current one, or nothing where there is none (CPU, setting off)."""
         return torch.cuda.stream(self.target_stream) if self.target_stream is not None else contextlib.nullcontext()
 
     def target_features(self, input_ids: torch.Tensor, final_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
