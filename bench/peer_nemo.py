@@ -76,6 +76,7 @@ import torch
 
 from blockdraft.bench.datasets import UserData, bench_dataset, bench_profiles, prepare_user_data
 from blockdraft.bench.measure import UpdateClock, nominal_peak, summarize_rows, synchronize
+from blockdraft.cli import parse_with_overrides
 from blockdraft.commands import bench as bench_command
 from blockdraft.config import Config
 from blockdraft.data.cache import Samples
@@ -465,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recompile-limit", type=int, default=None,
                    help="torch._dynamo's, for NeMo's runs (default: torch's own, which its recipe keeps without a "
                         "compile: block; its compile: block raises it to 256)")
-    args = p.parse_args(argv)
+    args = parse_with_overrides(p, argv)
     profiles = bench_profiles(args)
     modes = [s.strip() for s in args.modes.split(",") if s.strip()]
     if not modes or any(m not in MODES for m in modes):

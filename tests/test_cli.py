@@ -75,3 +75,21 @@ def test_a_missing_verb_module_is_a_bug_not_a_hidden_verb(monkeypatch):
     monkeypatch.setitem(cli.VERBS, "doctor", ("blockdraft.commands.no_such_verb", "gone"))
     with pytest.raises(ModuleNotFoundError):
         main(["doctor", "x"])
+
+
+def test_overrides_count_after_an_option(monkeypatch):
+    """`bench ... a=1 --no-check b=2` keeps both overrides, in order; a stray word is still refused."""
+    from blockdraft.commands import bench
+
+    seen = {}
+    monkeypatch.setattr(bench, "run", lambda args: seen.update(vars(args)) or 0)
+    assert main(["bench", "--device", "cpu", "train.compile=false", "--no-check", "drafter.num_layers=1",
+                 "drafter.num_layers=2"]) == 0
+    assert seen["overrides"] == ["train.compile=false", "drafter.num_layers=1", "drafter.num_layers=2"]
+    assert seen["no_check"] is True
+    with pytest.raises(SystemExit) as stray:
+        main(["bench", "--device", "cpu", "a.b=1", "--no-check", "oops"])
+    assert stray.value.code == 2
+    with pytest.raises(SystemExit) as no_overrides:
+        main(["doctor", "run", "a.b=1"])
+    assert no_overrides.value.code == 2

@@ -33,11 +33,23 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     return parser, module
 
 
+def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """`parser.parse_args`, but dotted overrides (`key=value`) count wherever they stand: argparse ends a
+    `nargs="*"` positional at the first option, so `a.b=1 --no-check c.d=2` would reject `c.d=2`."""
+    args, extra = parser.parse_known_args(argv)
+    stray = [arg for arg in extra if arg.startswith("-") or "=" not in arg or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*(args.overrides or []), *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     # fewer fragmentation OOMs with varying batch shapes; read at the first CUDA allocation
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     parser, module = build_parser(argv)
-    args = parser.parse_args(argv)
+    args = parse_with_overrides(parser, argv)
     if args.verb is None or module is None:
         parser.print_help()
         return 2
