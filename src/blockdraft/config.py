@@ -136,7 +136,8 @@ class TrainConfig(Section):
         "(`pip install 'blockdraft[flash]'`, a Hopper or newer GPU); auto: flash where it can run (docs/training.md)")
     target_stream: bool = Field(
         True, description="on CUDA, run the frozen target's forward on its own stream, so that the next "
-        "update's can run beside this update's optimizer step: the same losses, 0.3-0.8% faster (docs/training.md)")
+        "update's can run beside this update's optimizer step: the same losses, 0.3-0.8% faster on an H100 "
+        "(docs/training.md)")
     save_every: int = Field(1000, ge=1)
     keep_last: int = Field(3, ge=1)
     eval_every: int | None = Field(None, ge=1)
