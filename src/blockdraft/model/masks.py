@@ -97,7 +97,9 @@ def flex_block_mask(
     partial = (per_tile > 0) & ~full
 
     def ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [rows, cols] -> counts, indices first
-        tiles = tiles.int().contiguous()  # row-major even for partial.T: FlashAttention-4 reads no other layout
+        # row-major strides even for partial.T of one query tile, whose last dim (size 1) keeps its stride
+        # under .contiguous(): FlashAttention-4 refuses any stride but 1 there
+        tiles = tiles.to(torch.int32, memory_format=torch.contiguous_format)
         counts = tiles.sum(-1, dtype=torch.int32)
         indices = torch.argsort(tiles, dim=-1, descending=True, stable=True).to(torch.int32)
         return counts[None, None], indices[None, None]
