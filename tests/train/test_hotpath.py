@@ -205,11 +205,13 @@ def test_clip_gives_clip_grad_norm_s_gradients_over_and_under_the_cap(tiny_confi
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the target stream is a CUDA stream")
 def test_the_target_stream_changes_no_update(tiny_config):
     """The target's forward on its own stream, overlapping the step before it, gives the very same
-    losses and weights over updates of several passes each as the forward on the main stream."""
+    losses and weights over updates of several passes each as the forward on the main stream. With
+    Triton's attention kernels, whatever is installed: FlashAttention-4's backward with a block mask is
+    not deterministic on Hopper GPUs (docs/training.md), so its runs need not repeat bit for bit."""
 
     def three_updates(target_stream: bool) -> tuple[list[float], list[torch.Tensor]]:
         cfg = tiny_config(train={"device": "cuda", "precision": "bf16", "target_stream": target_stream,
-                                 "max_blocks_per_pass": 8})  # compiled, as training runs on a GPU
+                                 "max_blocks_per_pass": 8, "flex_backend": "triton"})  # compiled, as on a GPU
         trainer = Trainer(cfg, show_console=False)
         try:
             batches = [trainer.prefetcher.next() for _ in range(3)]
