@@ -1,6 +1,7 @@
 """The visibility rule: context of the same sequence strictly before the anchor, own block
 bidirectional, other blocks and other sequences never."""
 
+import pytest
 import torch
 
 from blockdraft.model.masks import dense_mask
@@ -114,20 +115,21 @@ def test_the_whole_tile_hint_is_given_only_for_whole_tiles_and_changes_no_output
     assert torch.equal(hinted, flex_attention(q, k, k, block_mask=mask, enable_gqa=True))
 
 
-def test_the_block_mask_tile_lists_are_row_major_for_a_pass_of_one_query_tile():
+@pytest.mark.parametrize("context, anchors", [(300, [40, 150, 260]), (40, [10, 30])])
+def test_the_block_mask_tile_lists_are_row_major_for_a_pass_of_one_query_tile(context, anchors):
     """FlashAttention-4 takes the tile lists only with stride 1 on the last dim. A pass of at most 128
     block tokens has one query tile, so the backward's lists (per key tile) have a last dim of size 1:
-    its stride must still be 1, as a fresh tensor's would be."""
-    from blockdraft.model.masks import flex_block_mask
+    its stride must still be 1, as a fresh tensor's would be. Key tiles: 3, then 1."""
+    from blockdraft.model.masks import TILE, flex_block_mask
 
     b = 16
-    context_doc = torch.zeros(300, dtype=torch.long)  # 3 key tiles of context
-    anchors = torch.tensor([40, 150, 260])  # V*B = 48 queries: one query tile
-    mask = flex_block_mask(anchors, torch.zeros(3, dtype=torch.long), context_doc, b)
+    anchors = torch.tensor(anchors)  # V*B <= 48 queries: one query tile
+    doc = torch.zeros(context, dtype=torch.long)  # one sequence
+    mask = flex_block_mask(anchors, doc[anchors], doc, b)
     lists = {"kv_num_blocks": mask.kv_num_blocks, "kv_indices": mask.kv_indices,
              "full_kv_num_blocks": mask.full_kv_num_blocks, "full_kv_indices": mask.full_kv_indices,
              "q_num_blocks": mask.q_num_blocks, "q_indices": mask.q_indices,
              "full_q_num_blocks": mask.full_q_num_blocks, "full_q_indices": mask.full_q_indices}
-    assert mask.q_indices.shape == (1, 1, 3, 1)
+    assert mask.q_indices.shape == (1, 1, -(-(context + len(anchors) * b) // TILE), 1)
     for name, t in lists.items():
         assert t.stride() == torch.empty(t.shape).stride(), (name, t.shape, t.stride())
