@@ -290,6 +290,7 @@ def summarize_rows(
         out["mfu"] = tflops / peak
         out["mfu_wall"] = tflops_wall / peak
         out["mfu_target"] = fl_t / max(target_time, 1e-9) / 1e12 / peak
+        # the rest of the update is charged to the drafter: its optimizer step and any idle time too
         out["mfu_drafter"] = fl_d / max(step - target_time, 1e-9) / 1e12 / peak
     return out
 
