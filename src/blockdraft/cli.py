@@ -37,7 +37,8 @@ def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None
     """`parser.parse_args`, but dotted overrides (`key=value`) count wherever they stand: argparse ends a
     `nargs="*"` positional at the first option, so `a.b=1 --no-check c.d=2` would reject `c.d=2`."""
     args, extra = parser.parse_known_args(argv)
-    stray = [arg for arg in extra if arg.startswith("-") or "=" not in arg or not hasattr(args, "overrides")]
+    takes_overrides = hasattr(args, "overrides")
+    stray = [arg for arg in extra if not takes_overrides or arg.startswith("-") or "=" not in arg]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:

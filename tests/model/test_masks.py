@@ -126,10 +126,8 @@ def test_the_block_mask_tile_lists_are_row_major_for_a_pass_of_one_query_tile(co
     anchors = torch.tensor(anchors)  # V*B <= 48 queries: one query tile
     doc = torch.zeros(context, dtype=torch.long)  # one sequence
     mask = flex_block_mask(anchors, doc[anchors], doc, b)
-    lists = {"kv_num_blocks": mask.kv_num_blocks, "kv_indices": mask.kv_indices,
-             "full_kv_num_blocks": mask.full_kv_num_blocks, "full_kv_indices": mask.full_kv_indices,
-             "q_num_blocks": mask.q_num_blocks, "q_indices": mask.q_indices,
-             "full_q_num_blocks": mask.full_q_num_blocks, "full_q_indices": mask.full_q_indices}
     assert mask.q_indices.shape == (1, 1, -(-(context + len(anchors) * b) // TILE), 1)
-    for name, t in lists.items():
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                 "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
+        t = getattr(mask, name)
         assert t.stride() == torch.empty(t.shape).stride(), (name, t.shape, t.stride())
