@@ -18,6 +18,8 @@ from blockdraft.cli import main
         (["regenerate", "--target", "t", "--in", "f", "--out", "o", "--shard-size", "0"],
          "--shard-size must be at least 1, got 0"),
         (["bench", "--device", "cpu", "--warmup", "-2"], "--warmup must be at least 0, got -2"),
+        (["bench", "--device", "cpu", "train.fp8_linears=true"],
+         "train.fp8_linears: FP8 matmuls need a GPU of compute capability 8.9 or newer (this device: cpu)"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(argv, fragment, capsys):

@@ -157,6 +157,7 @@ def measure(args: argparse.Namespace, stall: bool = True, data: UserData | None 
     from blockdraft.bench.shapes import target_config, target_tokenizer
     from blockdraft.device import pick_device
     from blockdraft.train import distributed
+    from blockdraft.train.fp8 import require_fp8, to_fp8_linears
     from blockdraft.train.hotpath import DraftForward, HotPath
     from blockdraft.train.optimizer import build_optimizer
 
@@ -168,6 +169,8 @@ def measure(args: argparse.Namespace, stall: bool = True, data: UserData | None 
     args.warmup = args.warmup if args.warmup is not None else (12 if gpu else 6)
     check_at_least(args, 1, "steps", "micro_batch", "mix_median")
     check_at_least(args, 0, "warmup", "mix_sigma")
+    if cfg.train.fp8_linears:
+        require_fp8(picked)
     if args.profile:  # before minutes of measuring, not after
         try:
             Path(args.profile).mkdir(parents=True, exist_ok=True)
@@ -181,6 +184,8 @@ def measure(args: argparse.Namespace, stall: bool = True, data: UserData | None 
             data = prepare_user_data(args, cfg, tokenizer, hf_cfg.vocab_size)
     torch.manual_seed(cfg.train.seed)
     target, drafter = build_models(cfg, hf_cfg, device, tokenizer)
+    if cfg.train.fp8_linears:  # the fast and the plain path of the check alike
+        to_fp8_linears(drafter)
     module, defer = distributed.wrap(DraftForward(drafter), cfg.train.parallel, world, device)
     hot = HotPath(target, drafter, cfg, device, module=module, defer_sync=defer)
     peak = nominal_peak(device, args.peak_tflops)
@@ -188,10 +193,10 @@ def measure(args: argparse.Namespace, stall: bool = True, data: UserData | None 
         "target": args.target or args.target_shape,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "drafter": f"{cfg.drafter.num_layers} layers, B={cfg.drafter.block_size}, taps {drafter.target_layer_ids}, "
-                   f"{cfg.train.num_anchors} anchors",
+                   f"{cfg.train.num_anchors} anchors" + (", FP8 linears" if cfg.train.fp8_linears else ""),
         "seq_len": args.seq_len, "micro_batch": args.micro_batch, "torch": torch.__version__,
         "peak_tflops": peak, "matmul_tflops": matmul_tflops(device), "fast_path": hot.attention == "flex",
-        "flex_backend": hot.flex_backend, "flex_backend_note": hot.flex_note,
+        "flex_backend": hot.flex_backend, "flex_backend_note": hot.flex_note, "fp8_linears": cfg.train.fp8_linears,
         "compile": hot.compile, "bf16": hot.use_bf16, "date": time.strftime("%Y-%m-%d"),
         "shape_classes": hot.shapes is not None, "anchors_per_token": cfg.train.anchors_per_token,
         "mix": {"median": args.mix_median, "sigma": args.mix_sigma, "max": args.seq_len},

@@ -47,6 +47,7 @@ from blockdraft.telemetry.step_record import step_record
 from blockdraft.telemetry.trackers import open_trackers
 from blockdraft.train import distributed
 from blockdraft.train.checkpoint import Checkpointer, LoadedCheckpoint
+from blockdraft.train.fp8 import require_fp8, to_fp8_linears
 from blockdraft.train.guard import StepGuard
 from blockdraft.train.hooks import (
     EvalHook,
@@ -77,6 +78,8 @@ class Trainer:
         self.cfg = cfg
         self.dp, self.device = distributed.init(pick_device(cfg.train.device), cfg.train.dist_timeout_s)
         self.rank, self.world = self.dp.rank, self.dp.size
+        if cfg.train.fp8_linears:
+            require_fp8(self.device)
         self.run_dir = make_dir(Path(cfg.train.out_dir))
         self.show_console = show_console
         torch.manual_seed(cfg.train.seed)
@@ -111,6 +114,8 @@ class Trainer:
         self.drafter = DFlashDrafter(dcfg).to(self.device)
         if d.init_from_target:
             init_from_target(self.drafter, self.target.decoder_layers, self.target.backbone.norm)
+        if cfg.train.fp8_linears:
+            to_fp8_linears(self.drafter)
         # wrapped before the optimizer is built (FSDP2 swaps the parameters) and before the step runner
         module, defer_sync = distributed.wrap(DraftForward(self.drafter), cfg.train.parallel, self.dp, self.device)
         self.hot = HotPath(self.target, self.drafter, cfg, self.device, module=module, defer_sync=defer_sync)
@@ -271,12 +276,15 @@ class Trainer:
 
     def evaluate(self) -> ModeResult:
         """Speculative decoding on the held-out prompts. Every rank runs the same evaluation (no rank
-        waits for another; rank 0 logs it); under FSDP2 with a whole drafter gathered from the shards."""
+        waits for another; rank 0 logs it); under FSDP2 with a whole drafter gathered from the shards, with
+        FP8 linears on a plain copy, which decodes as the export will."""
         ev = self.cfg.eval
         drafter = self.drafter
-        if self.dp.distributed and self.cfg.train.parallel == "fsdp":
+        sharded = self.dp.distributed and self.cfg.train.parallel == "fsdp"
+        if sharded or self.cfg.train.fp8_linears:
+            state = distributed.full_drafter_state(self.drafter) if sharded else self.drafter.state_dict()
             drafter = DFlashDrafter(self.drafter.config).to(self.device)
-            drafter.load_state_dict(distributed.full_drafter_state(self.drafter))
+            drafter.load_state_dict(state)
         (path,), _ = evaluate_modes(self.target, drafter, self.eval_prompts, ev.max_new_tokens,
                                     self.tokenizer.eos_token_id, budgets=[], batch_size=ev.batch_size)
         return path
