@@ -2,9 +2,10 @@
 
 torchao's float8 training with tensorwise scales: each linear's input and weight are cast to e4m3 and its
 output gradient to e5m2, one scale per tensor from its absolute maximum, and the three GEMMs of a layer
-(forward, input gradient, weight gradient) run as FP8 `_scaled_mm` with bf16 outputs. The weights stay the
-same fp32 Parameters, so AdamW, checkpoints and exports do not change; only the arithmetic of the
-matmuls does. Decoding (the trainer's held-out evaluation, export, serving) runs plain layers.
+(forward, input gradient, weight gradient) run as FP8 `_scaled_mm`, their outputs in the input's dtype
+(bf16 under autocast). The weights stay the same fp32 Parameters, so AdamW, checkpoints and exports do
+not change; only the arithmetic of the matmuls does. Decoding (the trainer's held-out evaluation,
+export, serving) runs plain layers.
 """
 
 from __future__ import annotations
