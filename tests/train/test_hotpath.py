@@ -43,7 +43,7 @@ def test_the_flex_backend_setting_reaches_every_attention_layer(tiny_config, mon
     cfg = tiny_config(train={"flex_backend": "flash"})
     with pytest.raises(UserError, match="Hopper"):  # this machine has no GPU: refused, not ignored
         Trainer(cfg, show_console=False)
-    monkeypatch.setattr(hotpath, "flash_attention_problem", lambda device: None)
+    monkeypatch.setattr(hotpath, "flash_attention_problem", lambda device, head_dim, precision: None)
     trainer = Trainer(cfg, show_console=False)
     trainer.prefetcher.close()
     assert trainer.hot.flex_backend is None  # the CPU's plain path: no flex attention runs
@@ -59,16 +59,24 @@ def test_the_flex_backend_setting_reaches_every_attention_layer(tiny_config, mon
     assert {a.flex_backend for a in attention} == {"TRITON"}
 
 
+def sm100_head_dims(head_dim: int, head_dim_v: int, major: int, alignment: int) -> None:
+    """flash-attn-4 4.0.0b40's `_validate_head_dims` on SM100 for equal q and v dims, as it refuses."""
+    assert major == 10 and (8 <= head_dim <= 128 or head_dim == 256) and head_dim % alignment == 0, (
+        f"(head_dim, head_dim_v)=({head_dim}, {head_dim_v}) is not supported on SM100/SM110.")
+
+
 @pytest.fixture
 def hopper(monkeypatch):
-    """A Hopper GPU as far as the backend's checks ask; `hopper(installed, imports)` sets up flash-attn-4
-    as hotpath's importlib sees it (only there: the rest of the process imports as before)."""
+    """A Hopper GPU as far as the backend's checks ask; `hopper(installed, imports, validate)` sets up
+    flash-attn-4 as hotpath's importlib sees it (only there: the rest of the process imports as before),
+    with `validate` as its interface's head-dim rule (none: a release without one)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
 
-    def flash(installed: bool, imports: bool = True) -> None:
-        def import_module(name: str) -> None:
+    def flash(installed: bool, imports: bool = True, validate=None) -> None:
+        def import_module(name: str) -> SimpleNamespace:
             if not imports:
                 raise ImportError("No module named 'cutlass'")
+            return SimpleNamespace(_validate_head_dims=validate) if validate else SimpleNamespace()
 
         fake = SimpleNamespace(util=SimpleNamespace(find_spec=lambda name: object() if installed else None),
                                import_module=import_module)
@@ -80,21 +88,38 @@ def hopper(monkeypatch):
 def test_auto_takes_flash_attention_where_it_can_run(hopper):
     gpu = torch.device("cuda", 0)
     hopper(installed=True)
-    assert hotpath.resolve_flex_backend("auto", gpu) == ("flash", None)
-    assert hotpath.resolve_flex_backend("triton", gpu) == ("triton", None)
+    assert hotpath.resolve_flex_backend("auto", gpu, 128, "bf16") == ("flash", None)
+    assert hotpath.resolve_flex_backend("triton", gpu, 128, "bf16") == ("triton", None)
     hopper(installed=False)  # not installed: triton, nothing to say
-    assert hotpath.resolve_flex_backend("auto", gpu) == ("triton", None)
-    assert hotpath.resolve_flex_backend("auto", torch.device("cpu")) == ("triton", None)
+    assert hotpath.resolve_flex_backend("auto", gpu, 128, "bf16") == ("triton", None)
+    assert hotpath.resolve_flex_backend("auto", gpu, 128, "fp32") == ("triton", None)
+    assert hotpath.resolve_flex_backend("auto", torch.device("cpu"), 128, "bf16") == ("triton", None)
 
 
 def test_auto_says_why_an_installed_flash_attention_is_not_used(hopper, monkeypatch):
+    gpu = torch.device("cuda", 0)
     hopper(installed=True, imports=False)  # the CuTe DSL's wheel missing
-    backend, note = hotpath.resolve_flex_backend("auto", torch.device("cuda", 0))
+    backend, note = hotpath.resolve_flex_backend("auto", gpu, 128, "bf16")
     assert backend == "triton" and "No module named 'cutlass'" in note and "using triton" in note
     hopper(installed=True)
+    backend, note = hotpath.resolve_flex_backend("auto", gpu, 128, "fp32")  # its kernels take no fp32
+    assert backend == "triton" and "bf16 inputs, not fp32 (train.precision)" in note
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # an A100
-    backend, note = hotpath.resolve_flex_backend("auto", torch.device("cuda", 0))
+    backend, note = hotpath.resolve_flex_backend("auto", gpu, 128, "bf16")
     assert backend == "triton" and "Hopper or newer" in note
+
+
+def test_auto_asks_flash_attention_s_own_rule_whether_it_takes_the_head_dim(hopper, monkeypatch):
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))  # a B200
+    hopper(installed=True, validate=sm100_head_dims)
+    assert hotpath.resolve_flex_backend("auto", gpu, 128, "bf16") == ("flash", None)
+    assert hotpath.resolve_flex_backend("auto", gpu, 256, "bf16") == ("flash", None)
+    backend, note = hotpath.resolve_flex_backend("auto", gpu, 192, "bf16")
+    assert backend == "triton" and "do not take the drafter's head dim 192" in note and "SM100" in note
+    with pytest.raises(UserError, match="head dim 192") as refused:
+        hotpath.resolve_flex_backend("flash", gpu, 192, "bf16")
+    assert "\n" not in str(refused.value)
 
 
 def test_the_run_says_when_an_installed_flash_attention_is_not_used(tiny_config, hopper, monkeypatch, capsys):
@@ -111,10 +136,10 @@ def test_flash_attention_asked_for_is_refused_in_one_line_where_it_cannot_run(ho
     gpu = torch.device("cuda", 0)
     hopper(installed=False)
     with pytest.raises(UserError, match="pip install flash-attn-4"):
-        hotpath.resolve_flex_backend("flash", gpu)
+        hotpath.resolve_flex_backend("flash", gpu, 128, "bf16")
     hopper(installed=True, imports=False)
     with pytest.raises(UserError, match="does not import .*cutlass") as refused:
-        hotpath.resolve_flex_backend("flash", gpu)
+        hotpath.resolve_flex_backend("flash", gpu, 128, "bf16")
     assert "\n" not in str(refused.value)
 
 

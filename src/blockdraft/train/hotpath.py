@@ -66,27 +66,37 @@ def flash_attention_installed() -> bool:
         return False
 
 
-def flash_attention_problem(device: torch.device) -> str | None:
+def flash_attention_problem(device: torch.device, head_dim: int, precision: str) -> str | None:
     """Why FlashAttention-4 cannot run the drafter's attention here, or None: it needs a Hopper or newer
-    GPU and the flash-attn-4 package, importable (its CuTe DSL is a separate wheel that can be missing)."""
+    GPU, bf16 inputs, the flash-attn-4 package, importable (its CuTe DSL is a separate wheel that can be
+    missing), and a head dim its kernels take on this GPU (FlashAttention-4's own rule: on SM100, 8-128
+    or 256 only)."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
         return f"it needs a Hopper or newer GPU (this device: {device})"
+    if precision != "bf16":
+        return f"its kernels take bf16 inputs, not {precision} (train.precision)"
     if not flash_attention_installed():
         return "it needs FlashAttention-4 (pip install flash-attn-4)"
     try:
-        importlib.import_module("flash_attn.cute")
+        interface = importlib.import_module("flash_attn.cute.interface")
     except Exception as e:  # a broken install fails in many ways (a missing wheel, a DSL that cannot load)
         return f"flash_attn.cute does not import ({type(e).__name__}: {first_line(e)})"
+    validate = getattr(interface, "_validate_head_dims", None)  # private: a release without it is not asked
+    if validate is not None:
+        try:
+            validate(head_dim, head_dim, torch.cuda.get_device_capability(device)[0], 8)  # 8: 16 bytes of bf16
+        except AssertionError as e:
+            return f"its kernels do not take the drafter's head dim {head_dim} on this GPU ({first_line(e)})"
     return None
 
 
-def resolve_flex_backend(setting: str, device: torch.device) -> tuple[str, str | None]:
+def resolve_flex_backend(setting: str, device: torch.device, head_dim: int, precision: str) -> tuple[str, str | None]:
     """The drafter's flex-attention kernels for `train.flex_backend`, and a note when `auto` found
     FlashAttention-4 installed but unusable. `flash` is asked for: refused with one line, never ignored.
     `auto` takes flash where it can run (installing `blockdraft[flash]` is the opt-in), else triton."""
     if setting == "triton":
         return "triton", None
-    problem = flash_attention_problem(device)
+    problem = flash_attention_problem(device, head_dim, precision)
     if problem is None:
         return "flash", None
     if setting == "flash":
@@ -237,7 +247,8 @@ class HotPath:
             target.compile_features()
         drafter.checkpoint_layers = cfg.train.activation_checkpointing
         # resolved on the plain path too: flash asked for is refused there as on the fast path
-        backend, note = resolve_flex_backend(cfg.train.flex_backend, device)
+        backend, note = resolve_flex_backend(cfg.train.flex_backend, device, drafter.config.head_dim,
+                                             cfg.train.precision)
         self.flex_backend = backend if self.attention == "flex" else None  # kernels that run: the logs' field
         self.flex_note = note if self.attention == "flex" else None
         if self.flex_backend is not None:
