@@ -84,6 +84,7 @@ from blockdraft.errors import UserError, exit_script
 from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 from blockdraft.model.target import resolve_mask_token, target_dtype
 from blockdraft.telemetry.console import or_dash
+from blockdraft.train.fp8 import require_fp8
 
 MODES = ("pad-max", "pad-longest", "pack")
 PAD_ID = 0  # any id: padding is masked out of the target's attention and of the loss
@@ -477,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps if args.steps is not None else (100 if gpu else 20)  # as `blockdraft bench`
     args.warmup = args.warmup if args.warmup is not None else (12 if gpu else 6)
     attention = args.attention if args.attention != "auto" else ("flex_attention" if gpu else "sdpa")
+    if args.ours and cfg.train.fp8_linears:  # refused before NeMo's minutes, not after them
+        require_fp8(device)
     if args.recompile_limit is not None:
         torch._dynamo.config.recompile_limit = args.recompile_limit
     nemo = load_nemo()
