@@ -3,13 +3,14 @@ folder and log hold what DESIGN.md promises."""
 
 import dataclasses
 import json
+import statistics
 
 import pytest
 import torch
 
 from blockdraft.data.prefetch import Batch
 from blockdraft.telemetry.log import read_log
-from blockdraft.telemetry.step_record import STEP_RECORD_FIELDS, step_record
+from blockdraft.telemetry.step_record import STEP_RECORD_FIELDS, TAU_EST_WINDOW, step_record
 from blockdraft.train.checkpoint import MARKER, committed_checkpoints
 from blockdraft.train.hooks import TrainingRun
 from blockdraft.train.loop import Trainer
@@ -122,12 +123,16 @@ def test_in_training_eval_writes_measured_tau_beside_tau_est(tiny_config, tiny_c
     cfg = tiny_config(train={"eval_every": 3}, eval={"prompts": [str(tiny_corpus)], "max_prompts": 2,
                                                       "max_new_tokens": 6, "prompt_tokens": 16})
     result = Trainer(cfg, show_console=False).run()
-    evals = [r for r in read_log(result.run_dir / "log.jsonl") if r["kind"] == "eval"]
+    records = read_log(result.run_dir / "log.jsonl")
+    evals = [r for r in records if r["kind"] == "eval"]
     assert [e["step"] for e in evals] == [3, 6]
     for e in evals:
         assert 1.0 <= e["tau"] <= cfg.drafter.block_size and e["prompts"] == 2 and e["mode"] == "path"
-        assert e["lossless"] is True and "tau_est_train" in e and e["eval_s"] >= 0
+        assert e["lossless"] is True and e["eval_s"] >= 0
         assert sum(e["tau_hist"]) > 0
+        # the training estimate over the updates before the eval, not one batch's
+        before = [r["tau_est"] for r in records[: records.index(e)] if r["kind"] == "step"]
+        assert e["tau_est_train"] == pytest.approx(statistics.median(before[-TAU_EST_WINDOW:]))
 
 
 def test_skipped_held_out_prompt_lines_are_counted_in_the_log(tiny_config, tiny_corpus, tmp_path):

@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from blockdraft.model.export import load_drafter, save_drafter
     from blockdraft.model.target import load_target
     from blockdraft.telemetry.log import RunLog, read_log
+    from blockdraft.telemetry.step_record import TAU_EST_WINDOW, tau_est_over_window
     from blockdraft.train.checkpoint import load_checkpoint
     from blockdraft.train.loop import Trainer
 
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                                   batch_size=cfg.eval.batch_size)
     steps_logged = [r for r in read_log(out / "log.jsonl") if r.get("kind") == "step"]
     log = RunLog(out / "log.jsonl")
-    tau_est_train = steps_logged[-1].get("tau_est") if steps_logged else None
+    tau_est_train = tau_est_over_window(r.get("tau_est") for r in steps_logged[-TAU_EST_WINDOW:])
     log.write("eval", result.last_step, **report.eval_record(len(prompts), tau_est_train), source="export")
     log.close()
 

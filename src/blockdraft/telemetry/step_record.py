@@ -3,8 +3,12 @@ this order, and readers name them from here (`RunLog.write` adds `kind`, `time` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import statistics
+from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict, cast
+
+TAU_EST_WINDOW = 100  # updates: an eval record's `tau_est_train` summarises this many step records before it
 
 
 class StepRecord(TypedDict):
@@ -50,3 +54,11 @@ def step_record(values: Mapping[str, Any]) -> StepRecord:
     if missing or extra:
         raise ValueError(f"step record: missing {missing}, not defined {extra} (telemetry/step_record.py)")
     return cast(StepRecord, {f: values[f] for f in STEP_RECORD_FIELDS})
+
+
+def tau_est_over_window(values: Iterable[float | None]) -> float | None:
+    """The median of the finite `tau_est` values given, the last TAU_EST_WINDOW updates': what an eval
+    record sets beside its measured tau as `tau_est_train`. One update's tau_est is one batch's, too
+    noisy to judge a gap by."""
+    finite = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    return statistics.median(finite) if finite else None

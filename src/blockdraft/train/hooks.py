@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from blockdraft.data.prefetch import Batch
 from blockdraft.doctor.live import LiveDoctor
+from blockdraft.telemetry.step_record import TAU_EST_WINDOW, tau_est_over_window
 from blockdraft.train.budget import TimeBudget
 
 if TYPE_CHECKING:
@@ -213,12 +215,18 @@ class GuardHook(Hook):
 
 class EvalHook(Hook):
     """Speculative decoding on the held-out prompts every `train.eval_every` updates, and after the
-    last one (a run cut by `train.max_minutes` ends between multiples), unless a signal stopped it."""
+    last one (a run cut by `train.max_minutes` ends between multiples), unless a signal stopped it.
+    Beside the measured tau it logs the training estimate over the updates before it (`tau_est_over_window`)."""
 
     evaluated_at: int | None = None
     last: StepEnd | None = None
 
+    def __init__(self, trainer: TrainingRun) -> None:
+        super().__init__(trainer)
+        self.recent_tau_est: deque[float] = deque(maxlen=TAU_EST_WINDOW)
+
     def on_step_end(self, end: StepEnd) -> None:
+        self.recent_tau_est.append(end.metrics["tau_est"])
         self.last, every = end, self.trainer.cfg.train.eval_every
         if end.continues and every and self.trainer.step % every == 0:
             self.evaluate(end)
@@ -234,7 +242,7 @@ class EvalHook(Hook):
             return
         self.evaluated_at = t.step
         t0 = time.time()
-        t.last_eval = t.evaluate().eval_record(len(t.eval_prompts), end.metrics["tau_est"])
+        t.last_eval = t.evaluate().eval_record(len(t.eval_prompts), tau_est_over_window(self.recent_tau_est))
         t.log.write("eval", t.step, **t.last_eval, eval_s=time.time() - t0)
         t.console.note(f"eval tau {t.last_eval['tau']:.2f} on {t.last_eval['prompts']} prompts", style="cyan")
 

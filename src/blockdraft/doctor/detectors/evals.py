@@ -10,6 +10,7 @@ import numpy as np
 
 from blockdraft.doctor.context import Context
 from blockdraft.doctor.findings import Finding
+from blockdraft.telemetry.step_record import TAU_EST_WINDOW
 
 WARN_RATIO = 1.3
 INFO_RATIO = 1.15
@@ -26,7 +27,7 @@ def tau_gap(ctx: Context) -> Iterator[Finding]:
             continue
         train = rec.get("tau_est_train")
         if not isinstance(train, int | float):
-            vals = ctx.t.get("tau_est")[(ctx.step <= step) & (ctx.step > step - 100)]
+            vals = ctx.t.get("tau_est")[(ctx.step <= step) & (ctx.step > step - TAU_EST_WINDOW)]
             vals = vals[np.isfinite(vals)]
             if not len(vals):
                 continue
