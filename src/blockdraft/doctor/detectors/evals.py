@@ -25,13 +25,12 @@ def tau_gap(ctx: Context) -> Iterator[Finding]:
         tau, step = rec.get("tau"), rec.get("step")
         if not isinstance(tau, int | float) or tau <= 0 or not isinstance(step, int | float):
             continue
-        train = rec.get("tau_est_train")
+        # the step records' window first: a log's own `tau_est_train` may be one update's, one batch's
+        vals = ctx.t.get("tau_est")[(ctx.step <= step) & (ctx.step > step - TAU_EST_WINDOW)]
+        vals = vals[np.isfinite(vals)]
+        train = float(np.median(vals)) if len(vals) else rec.get("tau_est_train")
         if not isinstance(train, int | float):
-            vals = ctx.t.get("tau_est")[(ctx.step <= step) & (ctx.step > step - TAU_EST_WINDOW)]
-            vals = vals[np.isfinite(vals)]
-            if not len(vals):
-                continue
-            train = float(np.median(vals))
+            continue
         pairs.append((int(step), float(tau), float(train)))
     if not pairs:
         return
