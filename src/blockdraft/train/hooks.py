@@ -229,14 +229,14 @@ class EvalHook(Hook):
         self.recent_tau_est.append(end.metrics["tau_est"])
         self.last, every = end, self.trainer.cfg.train.eval_every
         if end.continues and every and self.trainer.step % every == 0:
-            self.evaluate(end)
+            self.evaluate()
 
     def on_end(self) -> None:
         end = self.last
         if end and self.trainer.cfg.train.eval_every and (end.stop is None or end.stop[0] == "completed"):
-            self.evaluate(end)
+            self.evaluate()
 
-    def evaluate(self, end: StepEnd) -> None:
+    def evaluate(self) -> None:
         t = self.trainer
         if not t.eval_prompts or self.evaluated_at == t.step:
             return
