@@ -23,7 +23,8 @@ FP8_MIN_CAPABILITY = (8, 9)  # Ada and newer have FP8 tensor cores
 def require_fp8(device: torch.device) -> None:
     """Refuse `train.fp8_linears` in one line where it cannot run: before minutes of loading."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < FP8_MIN_CAPABILITY:
-        raise UserError(f"train.fp8_linears: FP8 matmuls need a GPU of compute capability 8.9 or newer "
+        need = ".".join(map(str, FP8_MIN_CAPABILITY))
+        raise UserError(f"train.fp8_linears: FP8 matmuls need a GPU of compute capability {need} or newer "
                         f"(this device: {device})")
     if importlib.util.find_spec("torchao") is None:
         raise UserError("train.fp8_linears needs torchao: pip install 'blockdraft[fp8]'")

@@ -71,7 +71,8 @@ def flash_attention_problem(device: torch.device, head_dim: int, precision: str)
     GPU, bf16 inputs, the flash-attn-4 package, importable (its CuTe DSL is a separate wheel that can be
     missing), and a head dim its kernels take on this GPU (FlashAttention-4's own rule: on SM100, 8-128
     or 256 only)."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+    major = torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0
+    if major < 9:
         return f"it needs a Hopper or newer GPU (this device: {device})"
     if precision != "bf16":
         return f"its kernels take bf16 inputs, not {precision} (train.precision)"
@@ -84,7 +85,7 @@ def flash_attention_problem(device: torch.device, head_dim: int, precision: str)
     validate = getattr(interface, "_validate_head_dims", None)  # private: a release without it is not asked
     if validate is not None:
         try:
-            validate(head_dim, head_dim, torch.cuda.get_device_capability(device)[0], 8)  # 8: 16 bytes of bf16
+            validate(head_dim, head_dim, major, 8)  # 8: 16 bytes of bf16
         except AssertionError as e:
             return f"its kernels do not take the drafter's head dim {head_dim} on this GPU ({first_line(e)})"
     return None
