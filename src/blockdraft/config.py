@@ -168,7 +168,10 @@ class GuardConfig(Section):
 
     enabled: bool = True
     spike_k: float = Field(10.0, gt=0, description="spike when value > median + k * MAD of the bucket's window")
-    spike_min_ratio: float = Field(3.0, ge=1, description="... and value > this many times that median")
+    spike_min_ratio: float = Field(3.0, ge=1, description="loss: ... and value > this many times that median")
+    grad_norm_min_ratio: float = Field(
+        5.0, ge=1, description="grad norm: the same ratio; healthy small batches reach 3.4x their median grad norm"
+    )
     window: int = Field(200, ge=3, description="accepted steps remembered per length bucket")
     min_history: int = Field(20, ge=3, description="no spike test until a bucket has this many accepted steps")
     check_grad_norm: bool = Field(True, description="apply the spike test to the grad norm as well as the loss")

@@ -34,14 +34,21 @@ def test_spikes_are_judged_per_bucket_and_never_raise_their_own_bar():
 
 
 def test_a_spike_must_also_be_a_multiple_of_the_median():
-    """A narrow window makes median + k*MAD a low bar; 2.5x the median grad norm is small-batch noise."""
-    guard = StepGuard(GuardConfig(min_history=5, spike_k=10, spike_min_ratio=3.0))
+    """A narrow window makes median + k*MAD a low bar; a few times the median grad norm is small-batch noise."""
+    guard = StepGuard(GuardConfig(min_history=5, spike_k=10))
     for i in range(10):
         assert guard.check(0, 2.0 + 0.01 * (i % 3), 0.2 + 0.002 * (i % 3)) is None
-    assert guard.check(0, 2.0, 0.5) is None  # far above median + 10 MAD, but only 2.5x the median
-    assert guard.check(0, 2.0, 0.7) == "grad_norm_spike"  # 3.5x
+    assert guard.check(0, 2.0, 0.68) is None  # far above median + 10 MAD, but only 3.4x the median
+    assert guard.check(0, 2.0, 1.1) == "grad_norm_spike"  # 5.5x
     assert guard.check(0, 5.5, 0.2) is None  # 2.75x the median loss
-    assert guard.check(0, 6.5, 0.2) == "loss_spike"
+    assert guard.check(0, 6.8, 0.2) == "loss_spike"  # 3.4x: a loss that far out is not noise
+
+
+def test_the_grad_norm_ratio_is_its_own_setting():
+    guard = StepGuard(GuardConfig(min_history=5, spike_k=10, grad_norm_min_ratio=3.0))
+    for i in range(10):
+        assert guard.check(0, 2.0 + 0.01 * (i % 3), 0.2 + 0.002 * (i % 3)) is None
+    assert guard.check(0, 2.0, 0.68) == "grad_norm_spike"
 
 
 def test_disabled_guard_lets_everything_through():
