@@ -9,7 +9,7 @@ median + k * MAD of the last `window` accepted values of that bucket, once `min_
 AND a multiple of that median: `spike_min_ratio` for the loss, `grad_norm_min_ratio` for the grad
 norm. MAD is floored at 1e-3 * |median| so a flat history does not turn ordinary noise into spikes;
 the ratio keeps MAD's narrow bar from refusing ordinary wobbles. The two differ because the wobbles do:
-in a healthy demo run of 2,096 updates no loss reached 1.9x its bucket's median, while small batches'
+in a healthy demo run of 2,136 updates no loss reached 1.9x its bucket's median, while small batches'
 grad norms reached 3.4x (a ratio of 3 refused 3 of those updates).
 Skipped values never enter the window, so a run of spikes cannot raise the bar for itself.
 

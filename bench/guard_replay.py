@@ -1,0 +1,64 @@
+"""Replay a run's step records through the step guard (train/guard.py) with chosen settings.
+
+Why: a guard setting is chosen against healthy logs. This prints, for the loss and the grad norm, how far
+each update stood from its bucket's window median (the guard's own ratio), and which updates the guard
+would refuse with the settings given. Records are replayed in order with each update's first bucket, so a
+log's own skips are reproduced when its settings are given.
+
+  python bench/guard_replay.py runs/demo/log.jsonl                          # the default settings
+  python bench/guard_replay.py runs/demo/log.jsonl grad_norm_min_ratio=3    # one changed
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict, deque
+from pathlib import Path
+from statistics import median
+
+from blockdraft.config import GuardConfig
+from blockdraft.telemetry.log import read_log
+from blockdraft.train.guard import StepGuard
+
+CUTS = (1.5, 2.0, 2.5, 3.0, 4.0, 5.0)
+
+
+def replay(steps: list[dict], cfg: GuardConfig) -> tuple[dict[str, list[float]], list[tuple[int, str]]]:
+    """Each update's loss and grad norm over its bucket's window median, and the updates refused."""
+    guard, refused = StepGuard(cfg), []
+    windows: dict[tuple[str, int], deque[float]] = defaultdict(lambda: deque(maxlen=cfg.window))
+    ratios: dict[str, list[float]] = {"loss": [], "grad_norm": []}
+    for r in steps:
+        bucket = int(r["buckets"][0])
+        for name in ratios:
+            window = windows[(name, bucket)]
+            if len(window) >= cfg.min_history:
+                ratios[name].append(r[name] / median(window))
+        reason = guard.check(bucket, r["loss"], r["grad_norm"])
+        if reason:
+            refused.append((int(r["step"]), reason))
+        else:
+            for name in ratios:
+                windows[(name, bucket)].append(r[name])
+    return ratios, refused
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("log", type=Path)
+    parser.add_argument("settings", nargs="*", help="guard settings as key=value")
+    args = parser.parse_args()
+    cfg = GuardConfig(**dict(s.split("=", 1) for s in args.settings))
+    steps = [r for r in read_log(args.log) if r.get("kind") == "step"]
+    ratios, refused = replay(steps, cfg)
+    print(f"{args.log}: {len(steps)} step records; ratio to the bucket window's median "
+          f"({len(ratios['loss'])} updates with {cfg.min_history}+ values in their window)")
+    for name, values in ratios.items():
+        above = ", ".join(f">{c:g}x {sum(v > c for v in values)}" for c in CUTS)
+        print(f"  {name}: largest {max(values, default=0):.2f}x; {above}")
+    listed = ", ".join(f"{step} ({reason})" for step, reason in refused)
+    print(f"refused with {' '.join(args.settings) or 'the defaults'}: {len(refused)} {listed}")
+
+
+if __name__ == "__main__":
+    main()
