@@ -16,7 +16,10 @@ from collections import defaultdict, deque
 from pathlib import Path
 from statistics import median
 
+from pydantic import ValidationError
+
 from blockdraft.config import GuardConfig
+from blockdraft.errors import UserError, exit_script
 from blockdraft.telemetry.log import read_log
 from blockdraft.train.guard import StepGuard
 
@@ -43,12 +46,20 @@ def replay(steps: list[dict], cfg: GuardConfig) -> tuple[dict[str, list[float]],
     return ratios, refused
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log", type=Path)
     parser.add_argument("settings", nargs="*", help="guard settings as key=value")
     args = parser.parse_args()
-    cfg = GuardConfig(**dict(s.split("=", 1) for s in args.settings))
+    if not args.log.is_file():
+        raise UserError(f"log not found: {args.log}")
+    if bad := [s for s in args.settings if "=" not in s]:
+        raise UserError(f"setting {bad[0]!r} is not of the form key=value")
+    try:
+        cfg = GuardConfig(**dict(s.split("=", 1) for s in args.settings))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise UserError(f"config: guard.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
     steps = [r for r in read_log(args.log) if r.get("kind") == "step"]
     ratios, refused = replay(steps, cfg)
     print(f"{args.log}: {len(steps)} step records; ratio to the bucket window's median "
@@ -58,7 +69,8 @@ def main() -> None:
         print(f"  {name}: largest {max(values, default=0):.2f}x; {above}")
     listed = ", ".join(f"{step} ({reason})" for step, reason in refused)
     print(f"refused with {' '.join(args.settings) or 'the defaults'}: {len(refused)} {listed}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    exit_script(main)

@@ -36,6 +36,21 @@ def test_the_script_reads_a_log_and_prints_what_it_would_refuse(tmp_path, capsys
     log = tmp_path / "log.jsonl"
     log.write_text("".join(json.dumps(r) + "\n" for r in [{"kind": "run_start"}, *_steps([0.2] * 25 + [5.0])]))
     monkeypatch.setattr("sys.argv", ["guard_replay.py", str(log), "grad_norm_min_ratio=30"])
-    guard_replay.main()
+    assert guard_replay.main() == 0
     out = capsys.readouterr().out
     assert "26 step records" in out and "refused with grad_norm_min_ratio=30: 0" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["/nope.jsonl"], "log not found: /nope.jsonl"),
+    (["LOG", "oops"], "setting 'oops' is not of the form key=value"),
+    (["LOG", "grad_norm_min_ratio=abc"], "config: guard.grad_norm_min_ratio: Input should be a valid number"),
+])
+def test_a_users_mistake_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatch, args, message):
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps(_steps([0.2])[0]) + "\n")
+    monkeypatch.setattr("sys.argv", ["guard_replay.py", *(str(log) if a == "LOG" else a for a in args)])
+    with pytest.raises(SystemExit) as exit_info:
+        guard_replay.exit_script(guard_replay.main)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1
