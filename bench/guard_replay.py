@@ -2,8 +2,8 @@
 
 Why: a guard setting is chosen against healthy logs. This prints, for the loss and the grad norm, how far
 each update stood from its bucket's window median (the guard's own ratio), and which updates the guard
-would refuse with the settings given. Records are replayed in order with each update's first bucket, so a
-log's own skips are reproduced when its settings are given.
+would refuse with the settings given. Records are replayed in order, each under its largest bucket as
+the trainer judges it, so a log's own skips are reproduced when its settings are given.
 
   python bench/guard_replay.py runs/demo/log.jsonl                          # the default settings
   python bench/guard_replay.py runs/demo/log.jsonl grad_norm_min_ratio=3    # one changed
@@ -32,7 +32,7 @@ def replay(steps: list[dict], cfg: GuardConfig) -> tuple[dict[str, list[float]],
     windows: dict[tuple[str, int], deque[float]] = defaultdict(lambda: deque(maxlen=cfg.window))
     ratios: dict[str, list[float]] = {"loss": [], "grad_norm": []}
     for r in steps:
-        bucket = int(r["buckets"][0])
+        bucket = int(max(r["buckets"]))  # the trainer judges an update by its largest bucket
         for name in ratios:
             window = windows[(name, bucket)]
             if len(window) >= cfg.min_history:
