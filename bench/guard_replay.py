@@ -12,13 +12,11 @@ the trainer judges it, so a log's own skips are reproduced when its settings are
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict, deque
 from pathlib import Path
-from statistics import median
 
 from pydantic import ValidationError
 
-from blockdraft.config import GuardConfig
+from blockdraft.config import GuardConfig, config_error
 from blockdraft.errors import UserError, exit_script
 from blockdraft.telemetry.log import read_log
 from blockdraft.train.guard import StepGuard
@@ -29,20 +27,14 @@ CUTS = (1.5, 2.0, 2.5, 3.0, 4.0, 5.0)
 def replay(steps: list[dict], cfg: GuardConfig) -> tuple[dict[str, list[float]], list[tuple[int, str]]]:
     """Each update's loss and grad norm over its bucket's window median, and the updates refused."""
     guard, refused = StepGuard(cfg), []
-    windows: dict[tuple[str, int], deque[float]] = defaultdict(lambda: deque(maxlen=cfg.window))
     ratios: dict[str, list[float]] = {"loss": [], "grad_norm": []}
     for r in steps:
         bucket = int(max(r["buckets"]))  # the trainer judges an update by its largest bucket
         for name in ratios:
-            window = windows[(name, bucket)]
-            if len(window) >= cfg.min_history:
-                ratios[name].append(r[name] / median(window))
-        reason = guard.check(bucket, r["loss"], r["grad_norm"])
-        if reason:
+            if (med := guard.window_median(name, bucket)) is not None:
+                ratios[name].append(r[name] / med)
+        if reason := guard.check(bucket, r["loss"], r["grad_norm"]):
             refused.append((int(r["step"]), reason))
-        else:
-            for name in ratios:
-                windows[(name, bucket)].append(r[name])
     return ratios, refused
 
 
@@ -58,8 +50,7 @@ def main() -> int:
     try:
         cfg = GuardConfig(**dict(s.split("=", 1) for s in args.settings))
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise UserError(f"config: guard.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        raise config_error(exc, "guard") from None
     steps = [r for r in read_log(args.log) if r.get("kind") == "step"]
     ratios, refused = replay(steps, cfg)
     print(f"{args.log}: {len(steps)} step records; ratio to the bucket window's median "

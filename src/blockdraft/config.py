@@ -240,12 +240,18 @@ def build_config(raw: dict[str, Any], overrides: list[str] | None = None) -> Con
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        errors = exc.errors()
-        where = ".".join(str(p) for p in errors[0]["loc"]) or "config"
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        if errors[0]["type"] == "extra_forbidden":
-            raise UserError(f"config: unknown key {where!r}{more}") from None
-        raise UserError(f"config: {where}: {errors[0]['msg']}{more}") from None
+        raise config_error(exc) from None
+
+
+def config_error(exc: ValidationError, section: str = "") -> UserError:
+    """A config's validation failure as one line naming the first bad key (`section.key` for a section
+    validated on its own)."""
+    errors = exc.errors()
+    where = ".".join(str(p) for p in ([section] if section else []) + list(errors[0]["loc"])) or "config"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    if errors[0]["type"] == "extra_forbidden":
+        return UserError(f"config: unknown key {where!r}{more}")
+    return UserError(f"config: {where}: {errors[0]['msg']}{more}")
 
 
 # Paths a config file may hold. Relative ones are read against the file's folder, so a config works

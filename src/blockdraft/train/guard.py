@@ -60,12 +60,16 @@ class StepGuard:
             self._history[(str(entry["metric"]), int(entry["bucket"]))].extend(float(v) for v in entry["values"])
         self._consecutive = int(state["consecutive"])
 
-    def _spike(self, name: str, bucket: int, value: float, min_ratio: float) -> bool:
+    def window_median(self, name: str, bucket: int) -> float | None:
+        """The median of a metric's accepted values in a bucket's window; None until the spike test applies."""
         hist = self._history[(name, bucket)]
-        if len(hist) < self.cfg.min_history:
+        return median(hist) if len(hist) >= self.cfg.min_history else None
+
+    def _spike(self, name: str, bucket: int, value: float, min_ratio: float) -> bool:
+        med = self.window_median(name, bucket)
+        if med is None:
             return False
-        med = median(hist)
-        mad = max(median(abs(v - med) for v in hist), 1e-3 * abs(med))
+        mad = max(median(abs(v - med) for v in self._history[(name, bucket)]), 1e-3 * abs(med))
         return value > med + self.cfg.spike_k * mad and value > min_ratio * med
 
     def check(self, bucket: int, loss: float, grad_norm: float, batch_ids: Sequence[str] = ()) -> str | None:
