@@ -4,8 +4,8 @@ One pass of `blockdraft bench`'s synthetic data (full: two 3,072-token samples, 
 log-normal chat-like lengths, samples taken until the 6,144-token budget or 1,100 blocks is reached:
 4,094 tokens and 1,536 blocks), packed and padded as training packs it (`pack`, `sample_blocks`, shape
 classes), with a Qwen3-8B drafter layer's attention shapes (32 query heads, 8 key/value heads, head dim
-128, bf16). Each variant is compiled on its own and timed as the median of 20 calls after 3 (one layer's
-call; an update runs one per drafter layer):
+128, bf16). Each variant is compiled on its own and timed as the median of 20 calls after 3, between CUDA
+events (`blockdraft.bench.measure.cuda_median_ms`; one layer's call; an update runs one per drafter layer):
   package            `model/masks.flex_block_mask` and `model/drafter.flex_kernel_options` as the drafter
                      calls them
   no tile hint       the same without `flex_kernel_options` (IS_DIVISIBLE left to inductor, which
@@ -27,12 +27,12 @@ after the first block class (train/hotpath.py). Output is compared with the firs
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from blockdraft.bench.measure import cuda_median_ms
 from blockdraft.bench.synthetic import SyntheticDataset
 from blockdraft.data.batching import PlannedBatch
 from blockdraft.data.prefetch import collate
@@ -103,21 +103,16 @@ def all_tiles_whole(mask: BlockMask) -> BlockMask:
 
 def median_ms(attention, mask: BlockMask, q, k, v, options: dict, calls: int = 20) -> tuple[float, float, torch.Tensor]:
     """Median forward and forward + backward time of one call, and the output."""
-    for _ in range(3):
-        attention(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=options).sum().backward()
-    forward, total = [], []
-    for _ in range(calls):
+
+    def forward() -> torch.Tensor:
+        return attention(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=options)
+
+    def forward_backward() -> None:
         q.grad = k.grad = v.grad = None
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = attention(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=options)
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        out.sum().backward()
-        torch.cuda.synchronize()
-        forward.append(t1 - t0)
-        total.append(time.perf_counter() - t0)
-    return 1e3 * sorted(forward)[calls // 2], 1e3 * sorted(total)[calls // 2], out.detach()
+        forward().sum().backward()
+
+    total = cuda_median_ms(forward_backward, calls)
+    return cuda_median_ms(forward, calls), total, forward().detach()
 
 
 def main() -> None:

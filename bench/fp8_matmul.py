@@ -6,7 +6,8 @@ activations at every call, fp32 sums, bf16 out. Issue 19 evaluated it for the ta
 fell beyond the seed spread on the demo and on SmolLM2, so it is not a training setting.
 
 For each (M, K, N): an nn.Linear in bf16 and its `FP8Linear` twin (activation quantisation included),
-both compiled, timed over 50 calls after 3; prints TFLOP/s, the ratio and the relative error.
+both compiled, timed as the median of 50 calls after 3 between CUDA events; prints TFLOP/s, the ratio
+and the relative error.
 The default shapes are a Qwen3-8B layer's on 6,144 tokens (two 3,072-token rows): MLP up and down, q/o,
 and k/v on a token count that is not a multiple of 16. CUDA with compute capability 8.9 or later.
 
@@ -16,10 +17,11 @@ and k/v on a token count that is not a multiple of 16. CUDA with compute capabil
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 from torch import nn
+
+from blockdraft.bench.measure import cuda_median_ms
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448
@@ -55,15 +57,9 @@ SHAPES = "6144x4096x12288,6144x12288x4096,6144x4096x4096,6001x4096x1024"
 
 
 def seconds_per_call(f, x: torch.Tensor, calls: int = 50) -> float:
+    """Median seconds of one call, between CUDA events, after 3."""
     with torch.no_grad():
-        for _ in range(3):
-            f(x)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(calls):
-            f(x)
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t) / calls
+        return cuda_median_ms(lambda: f(x), calls) / 1e3
 
 
 def main() -> None:
