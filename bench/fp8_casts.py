@@ -6,9 +6,11 @@ mix the FP8 GEMMs saved 59 ms an update and the casts around them took back 49
 projections alone, attention left out (q, k, v summed into o's input; SwiGLU MLP), on `--rows` query
 rows, compiled, as the median of 20 forward + backward calls between CUDA events, and lists the GPU
 kernels of 3 calls under the profiler by name and time, so the casts can be named. Variants: bf16 and
-FP8 (the trainer's own conversion, `train/fp8.py`), each with the projections as the drafter has them
-and with q/k/v and gate/up merged into one layer each (an input cast once, not three times and twice).
-CUDA with compute capability 8.9 or later; one JSON line per variant.
+FP8 (the trainer's own conversion, `train/fp8.py`), each with the projections as the drafter has them,
+compiled static and dynamic (on a length mix the drafter runs its most frequent block class's static
+graph and a dynamic one for the others: train/hotpath.py), and with q/k/v and gate/up merged into one
+layer each (an input cast once, not three times and twice). CUDA with compute capability 8.9 or later;
+one JSON line per variant.
 
     PYTHONPATH=src python3 bench/fp8_casts.py [--rows 17792] [--top 12]
 """
@@ -88,11 +90,11 @@ def kernel_table(step, top: int, calls: int = 3) -> list[dict]:
         return kernels_by_name(json.loads(path.read_text()), calls, top)
 
 
-def measure(fp8: bool, merged: bool, rows: int, top: int) -> dict:
+def measure(fp8: bool, merged: bool, dynamic: bool, rows: int, top: int) -> dict:
     torch.manual_seed(0)
     layer = Projections(merged).cuda()
     swapped = to_fp8_linears(layer) if fp8 else 0
-    compiled = torch.compile(layer)
+    compiled = torch.compile(layer, dynamic=dynamic)
     x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
     def step() -> None:
@@ -103,8 +105,8 @@ def measure(fp8: bool, merged: bool, rows: int, top: int) -> dict:
 
     median = cuda_median_ms(step)
     flops = 6 * rows * sum(p.numel() for p in layer.parameters())  # forward + both backward GEMMs
-    return {"fp8": fp8, "merged": merged, "rows": rows, "fp8_layers": swapped, "ms": round(median, 3),
-            "tflops": round(flops / median / 1e9, 1), "kernels": kernel_table(step, top)}
+    return {"fp8": fp8, "merged": merged, "dynamic": dynamic, "rows": rows, "fp8_layers": swapped,
+            "ms": round(median, 3), "tflops": round(flops / median / 1e9, 1), "kernels": kernel_table(step, top)}
 
 
 def main() -> None:
@@ -112,8 +114,9 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=17792, help="query rows of one pass (the mix's: 1,112 blocks x 16)")
     p.add_argument("--top", type=int, default=12, help="kernels listed per variant")
     args = p.parse_args()
-    for fp8, merged in ((True, False), (True, True), (False, False), (False, True)):
-        print(json.dumps(measure(fp8, merged, args.rows, args.top)), flush=True)
+    for fp8 in (True, False):
+        for merged, dynamic in ((False, False), (False, True), (True, False)):
+            print(json.dumps(measure(fp8, merged, dynamic, args.rows, args.top)), flush=True)
 
 
 if __name__ == "__main__":
