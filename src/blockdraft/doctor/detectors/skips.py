@@ -69,7 +69,8 @@ def skipped_steps(ctx: Context) -> Iterator[Finding]:
         spans = [(s, s) for s in (int(r.get("step", 0)) for r in skip_records + rollbacks)]
     frac = count / max(1, ctx.n)
     longest = max((b - a + 1 for a, b in spans), default=0)
-    severity = "warning" if (count >= 4 or frac >= 1e-3 or rollbacks) else "info"
+    # one refused outlier is the guard doing its job, however short the run; repeats are worth a look
+    severity = "warning" if (count >= 4 or (count >= 2 and frac >= 1e-3) or rollbacks) else "info"
     reason_text = ", ".join(f"{k} x{v}" for k, v in reasons.most_common(3))
     parts = []
     if count:
