@@ -1,8 +1,9 @@
 """Run by tests/train/test_distributed.py, under torchrun (2 ranks) or alone: K updates on fixed
 micro-batches, then the per-step losses and the whole drafter are written for the test to compare.
 
-`python dist_worker.py CONFIG.json OUT MODE...`: each MODE (ddp, fsdp) trains fresh Trainers with
-1 and with 2 micro-batches per rank. Update k of a run of G micro-batches per update (over all
+`python dist_worker.py CONFIG.json OUT MODE...`: each MODE (ddp, fsdp, or either with `+fp8` for
+`train.fp8_linears` on the CPU) trains fresh Trainers with 1 and with 2 micro-batches per rank. Update
+k of a run of G micro-batches per update (over all
 ranks) uses `fixed_batch` kG .. kG+G-1, in rank order: rank r takes its run of consecutive ones.
 """
 
@@ -16,7 +17,7 @@ import torch
 
 from blockdraft.config import Config
 from blockdraft.data.prefetch import Batch
-from blockdraft.train import distributed
+from blockdraft.train import distributed, loop
 from blockdraft.train.loop import Trainer
 
 STEPS = 3
@@ -57,7 +58,10 @@ def main(config_file: str, out: str, modes: list[str]) -> None:
     world, _ = distributed.init(torch.device("cpu"), cfg.train.dist_timeout_s)
     results = {}
     for mode in modes:
-        cfg.train.parallel = mode
+        cfg.train.parallel, fp8 = mode.split("+")[0], mode.endswith("+fp8")
+        cfg.train.fp8_linears = fp8
+        if fp8:
+            loop.require_fp8 = lambda device: None  # torchao's FP8 layers run on the CPU; the trainer refuses it
         for per_rank in (1, 2):
             losses, weights = train_fixed(cfg, per_rank)
             results[f"{mode}-{per_rank}"] = losses

@@ -24,6 +24,7 @@ from blockdraft.data.batching import BatchSampler
 from blockdraft.errors import UserError
 from blockdraft.model.export import load_drafter
 from blockdraft.telemetry.log import read_log
+from blockdraft.train import loop
 from blockdraft.train.checkpoint import committed_checkpoints, load_checkpoint, read_state
 from blockdraft.train.loop import Trainer
 from tests.conftest import make_config
@@ -84,6 +85,38 @@ def test_two_ranks_train_exactly_like_one_rank_accumulating_their_micro_batches(
         for name, tensor in weights.items():
             torch.testing.assert_close(gathered[name], tensor, rtol=1e-5, atol=1e-7, msg=f"{mode} {name}")
     assert losses[0] != losses[-1]  # the weights did move
+
+
+@pytest.fixture(scope="module")
+def two_ranks_fp8(tiny_target, tiny_corpus, tmp_path_factory) -> tuple[Config, Path]:
+    """As `two_ranks`, with `train.fp8_linears` (torchao's FP8 layers, which run on the CPU too)."""
+    pytest.importorskip("torchao.float8")
+    root = tmp_path_factory.mktemp("two-ranks-fp8")
+    cfg = make_config(tiny_target, tiny_corpus, root, train={"num_anchors": 1000, "save_every": 100},
+                      optim={"grad_clip": 1e-3})
+    (root / "config.json").write_text(cfg.model_dump_json())
+    launch(WORKER, root / "config.json", root / "out", "ddp+fp8", "fsdp+fp8")
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"fp8_linears": True})}), root / "out"
+
+
+@pytest.mark.parametrize("per_rank", [1, 2])
+def test_fp8_linears_train_under_ddp_and_fsdp2_like_one_rank(two_ranks_fp8, per_rank, monkeypatch):
+    """FP8 scales are per micro-batch, so 2 ranks x `per_rank` still equals 1 rank x 2*`per_rank`, under DDP
+    and FSDP2 (whose weights are gathered before each layer casts them)."""
+    cfg, out = two_ranks_fp8
+    monkeypatch.setattr(loop, "require_fp8", lambda device: None)  # the CPU runs torchao's FP8 layers
+    losses, weights = train_fixed(cfg, 2 * per_rank)
+    two = json.loads(Path(f"{out}.json").read_text())
+    for mode in ("ddp+fp8", "fsdp+fp8"):
+        assert two[f"{mode}-{per_rank}"] == pytest.approx(losses, rel=1e-6), mode
+        gathered = torch.load(f"{out}-{mode}-{per_rank}.pt")
+        assert gathered.keys() == weights.keys()
+        for name, tensor in weights.items():
+            torch.testing.assert_close(gathered[name], tensor, rtol=1e-5, atol=1e-7, msg=f"{mode} {name}")
+    plain, _ = train_fixed(cfg.model_copy(update={"train": cfg.train.model_copy(update={"fp8_linears": False})}),
+                           2 * per_rank)
+    # the ranks' match above (1e-6) would fail had they multiplied in fp32: FP8 moves a loss 100x that here
+    assert 2e-5 < max(abs(a - b) / abs(b) for a, b in zip(losses, plain, strict=True)) < 0.05
 
 
 def _steps(log: Path) -> dict[int, dict]:
