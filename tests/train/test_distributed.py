@@ -58,32 +58,40 @@ def wait_for_steps(job: subprocess.Popen, log: Path, ready) -> None:
         time.sleep(0.1)
 
 
+def launch_two_ranks(target: Path, corpus: Path, root: Path, *modes: str) -> tuple[Config, Path]:
+    """One launch of dist_worker.py for `modes`, 1 and 2 micro-batches per rank, every update clipped
+    (FSDP2 scales sharded gradients by the norm of all of them)."""
+    # every candidate anchor is taken (num_anchors > T), so both layouts see the very same blocks
+    cfg = make_config(target, corpus, root, train={"num_anchors": 1000, "save_every": 100}, optim={"grad_clip": 1e-3})
+    (root / "config.json").write_text(cfg.model_dump_json())
+    launch(WORKER, root / "config.json", root / "out", *modes)
+    return cfg, root / "out"
+
+
+def assert_two_ranks_equal_one(cfg: Config, out: Path, modes: tuple[str, ...], per_rank: int) -> list[float]:
+    """2 ranks x `per_rank` micro-batches (the launch's) == 1 rank x 2*`per_rank` (this process): the same
+    losses and weights. Returns this process's losses."""
+    losses, weights = train_fixed(cfg, 2 * per_rank)  # this process alone: 1 rank, all accumulated
+    two = json.loads(Path(f"{out}.json").read_text())
+    for mode in modes:
+        assert two[f"{mode}-{per_rank}"] == pytest.approx(losses, rel=1e-6), mode
+        gathered = torch.load(f"{out}-{mode}-{per_rank}.pt")
+        assert gathered.keys() == weights.keys()
+        for name, tensor in weights.items():
+            torch.testing.assert_close(gathered[name], tensor, rtol=1e-5, atol=1e-7, msg=f"{mode} {name}")
+    return losses
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tiny_target, tiny_corpus, tmp_path_factory) -> tuple[Config, Path]:
-    """One launch of dist_worker.py: DDP and FSDP2, 1 and 2 micro-batches per rank, every update clipped
-    (FSDP2 scales sharded gradients by the norm of all of them)."""
-    root = tmp_path_factory.mktemp("two-ranks")
-    # every candidate anchor is taken (num_anchors > T), so both layouts see the very same blocks
-    cfg = make_config(tiny_target, tiny_corpus, root, train={"num_anchors": 1000, "save_every": 100},
-                      optim={"grad_clip": 1e-3})
-    (root / "config.json").write_text(cfg.model_dump_json())
-    launch(WORKER, root / "config.json", root / "out", "ddp", "fsdp")
-    return cfg, root / "out"
+    return launch_two_ranks(tiny_target, tiny_corpus, tmp_path_factory.mktemp("two-ranks"), "ddp", "fsdp")
 
 
 @pytest.mark.parametrize("per_rank", [1, 2])
 def test_two_ranks_train_exactly_like_one_rank_accumulating_their_micro_batches(two_ranks, per_rank):
     """2 ranks x `per_rank` micro-batches == 1 rank x 2*`per_rank`, under DDP and FSDP2 (with 2 per
     rank, the gradient sync is deferred to the last micro-batch)."""
-    cfg, out = two_ranks
-    losses, weights = train_fixed(cfg, 2 * per_rank)  # this process alone: 1 rank, all accumulated
-    two = json.loads(Path(f"{out}.json").read_text())
-    for mode in ("ddp", "fsdp"):
-        assert two[f"{mode}-{per_rank}"] == pytest.approx(losses, rel=1e-6), mode
-        gathered = torch.load(f"{out}-{mode}-{per_rank}.pt")
-        assert gathered.keys() == weights.keys()
-        for name, tensor in weights.items():
-            torch.testing.assert_close(gathered[name], tensor, rtol=1e-5, atol=1e-7, msg=f"{mode} {name}")
+    losses = assert_two_ranks_equal_one(*two_ranks, ("ddp", "fsdp"), per_rank)
     assert losses[0] != losses[-1]  # the weights did move
 
 
@@ -91,12 +99,9 @@ def test_two_ranks_train_exactly_like_one_rank_accumulating_their_micro_batches(
 def two_ranks_fp8(tiny_target, tiny_corpus, tmp_path_factory) -> tuple[Config, Path]:
     """As `two_ranks`, with `train.fp8_linears` (torchao's FP8 layers, which run on the CPU too)."""
     pytest.importorskip("torchao.float8")
-    root = tmp_path_factory.mktemp("two-ranks-fp8")
-    cfg = make_config(tiny_target, tiny_corpus, root, train={"num_anchors": 1000, "save_every": 100},
-                      optim={"grad_clip": 1e-3})
-    (root / "config.json").write_text(cfg.model_dump_json())
-    launch(WORKER, root / "config.json", root / "out", "ddp+fp8", "fsdp+fp8")
-    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"fp8_linears": True})}), root / "out"
+    cfg, out = launch_two_ranks(tiny_target, tiny_corpus, tmp_path_factory.mktemp("two-ranks-fp8"),
+                                "ddp+fp8", "fsdp+fp8")
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"fp8_linears": True})}), out
 
 
 @pytest.mark.parametrize("per_rank", [1, 2])
@@ -105,17 +110,10 @@ def test_fp8_linears_train_under_ddp_and_fsdp2_like_one_rank(two_ranks_fp8, per_
     and FSDP2 (whose weights are gathered before each layer casts them)."""
     cfg, out = two_ranks_fp8
     monkeypatch.setattr(loop, "require_fp8", lambda device: None)  # the CPU runs torchao's FP8 layers
-    losses, weights = train_fixed(cfg, 2 * per_rank)
-    two = json.loads(Path(f"{out}.json").read_text())
-    for mode in ("ddp+fp8", "fsdp+fp8"):
-        assert two[f"{mode}-{per_rank}"] == pytest.approx(losses, rel=1e-6), mode
-        gathered = torch.load(f"{out}-{mode}-{per_rank}.pt")
-        assert gathered.keys() == weights.keys()
-        for name, tensor in weights.items():
-            torch.testing.assert_close(gathered[name], tensor, rtol=1e-5, atol=1e-7, msg=f"{mode} {name}")
+    losses = assert_two_ranks_equal_one(cfg, out, ("ddp+fp8", "fsdp+fp8"), per_rank)
     plain, _ = train_fixed(cfg.model_copy(update={"train": cfg.train.model_copy(update={"fp8_linears": False})}),
                            2 * per_rank)
-    # the ranks' match above (1e-6) would fail had they multiplied in fp32: FP8 moves a loss 100x that here
+    # the ranks' match (1e-6) would fail had they multiplied in fp32: FP8 moves a loss 100x that here
     assert 2e-5 < max(abs(a - b) / abs(b) for a, b in zip(losses, plain, strict=True)) < 0.05
 
 
