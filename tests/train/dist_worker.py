@@ -3,8 +3,8 @@ micro-batches, then the per-step losses and the whole drafter are written for th
 
 `python dist_worker.py CONFIG.json OUT MODE...`: each MODE (ddp, fsdp, or either with `+fp8` for
 `train.fp8_linears` on the CPU) trains fresh Trainers with 1 and with 2 micro-batches per rank. Update
-k of a run of G micro-batches per update (over all
-ranks) uses `fixed_batch` kG .. kG+G-1, in rank order: rank r takes its run of consecutive ones.
+k of a run of G micro-batches per update (over all ranks) uses `fixed_batch` kG .. kG+G-1, in rank
+order: rank r takes its run of consecutive ones.
 """
 
 from __future__ import annotations
