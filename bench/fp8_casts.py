@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from blockdraft.bench.measure import cuda_median_ms
-from blockdraft.bench.profile import kernel_kind
+from blockdraft.bench.profile import top_kernels
 from blockdraft.train.fp8 import to_fp8_linears
 
 HIDDEN, HEADS_DIM, KV_DIM, FFN = 4096, 4096, 1024, 12288  # Qwen3-8B: 32 x 128 query, 8 x 128 key/value
@@ -64,18 +63,6 @@ class Projections(nn.Module):
         return h + self.down(F.silu(gate) * up)  # [M, H]
 
 
-def kernels_by_name(trace: dict, calls: int, top: int) -> list[dict]:
-    """A Chrome trace's GPU kernels -> the `top` by total time: name, kind, ms and launches per call."""
-    ms, launches = defaultdict(float), defaultdict(int)
-    for e in trace["traceEvents"]:
-        if e.get("cat") == "kernel" and "dur" in e:
-            ms[e["name"]] += e["dur"] / 1e3 / calls
-            launches[e["name"]] += 1
-    names = sorted(ms, key=ms.get, reverse=True)[:top]
-    return [{"kernel": n, "kind": kernel_kind(n), "ms": round(ms[n], 3), "launches": launches[n] / calls}
-            for n in names]
-
-
 def kernel_table(step, top: int, calls: int = 3) -> list[dict]:
     """`step` called `calls` times under the profiler, read as `blockdraft bench --profile` reads a trace."""
     from torch.profiler import ProfilerActivity, profile
@@ -87,7 +74,7 @@ def kernel_table(step, top: int, calls: int = 3) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
-        return kernels_by_name(json.loads(path.read_text()), calls, top)
+        return [{**k, "ms": round(k["ms"], 3)} for k in top_kernels(json.loads(path.read_text()), calls, top)]
 
 
 def measure(fp8: bool, merged: bool, dynamic: bool, rows: int, top: int) -> dict:

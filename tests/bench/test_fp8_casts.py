@@ -26,17 +26,3 @@ def test_merged_projections_compute_the_separate_ones(monkeypatch):
     torch.testing.assert_close(merged(x), out)
     assert sum(p.numel() for p in merged.parameters()) == sum(p.numel() for p in separate.parameters())
 
-
-def test_kernels_are_summed_by_name_per_call_and_ranked():
-    trace = {"traceEvents": [
-        {"cat": "kernel", "name": "triton_per_fused__scaled_mm_abs_0", "dur": 3000.0},
-        {"cat": "kernel", "name": "triton_per_fused__scaled_mm_abs_0", "dur": 3000.0},
-        {"cat": "kernel", "name": "sm90_xmma_gemm_e4m3", "dur": 4000.0},
-        {"cat": "kernel", "name": "tiny", "dur": 10.0},
-        {"cat": "cpu_op", "name": "aten::mm", "dur": 9000.0},  # host time is not kernel time
-        {"cat": "kernel", "name": "no duration"},
-    ]}
-    table = fp8_casts.kernels_by_name(trace, calls=2, top=2)
-    assert [row["kernel"] for row in table] == ["triton_per_fused__scaled_mm_abs_0", "sm90_xmma_gemm_e4m3"]
-    assert table[0]["ms"] == 3.0 and table[0]["launches"] == 1.0 and table[0]["kind"] == "fused elementwise"
-    assert table[1]["ms"] == 2.0 and table[1]["launches"] == 0.5 and table[1]["kind"] == "GEMM"

@@ -4,7 +4,16 @@ import json
 
 import pytest
 
-from blockdraft.bench.profile import UNRANGED, gaps_table, idle_gaps, kernel_kind, kernel_summary, summary_table
+from blockdraft.bench.profile import (
+    UNRANGED,
+    gaps_table,
+    idle_gaps,
+    kernel_kind,
+    kernel_summary,
+    summary_table,
+    top_kernels,
+    top_kernels_table,
+)
 from blockdraft.cli import main
 
 # kernel names as the H200 profile of a Qwen3-8B-shaped update showed them (2026-12-02), and the
@@ -63,6 +72,21 @@ def test_summary_attributes_each_kernel_to_the_range_it_started_in_per_update():
     assert "GPU busy 1.0, idle 0.8" in table and table.splitlines()[-1].split()[1:] == ["60.0%", "30.0%", "10.0%"]
     assert table.splitlines()[2].split() == ["target", "0.4", "0.0", "0.1", "0.5"]
     assert all(kind in table.splitlines()[1] for kind in s["by_kind"])  # each name whole ("fused elementwise")
+
+
+def test_top_kernels_are_summed_by_name_per_update_with_their_whole_names():
+    cast = "triton_per_fused__scaled_mm__to_copy__unsafe_view_abs_amax_clamp_reciprocal_mul_0"  # > 55 characters
+    trace = {"traceEvents": [
+        kernel(cast, 0, 3000), kernel(cast, 5000, 3000), kernel("sm90_xmma_gemm_e4m3", 3000, 4000),
+        kernel("tiny", 9000, 10), {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 9000},
+        {"cat": "kernel", "name": "no duration", "ts": 0},
+    ]}
+    top = top_kernels(trace, updates=2, top=2)
+    assert [k["kernel"] for k in top] == [cast, "sm90_xmma_gemm_e4m3"]
+    assert top[0] == {"kernel": cast, "kind": "fused elementwise", "ms": 3.0, "launches": 1.0}
+    assert top[1] == {"kernel": "sm90_xmma_gemm_e4m3", "kind": "GEMM", "ms": 2.0, "launches": 0.5}
+    lines = top_kernels_table(top, 2).splitlines()
+    assert len(lines) == 3 and lines[1].split() == ["3.00", "1.0", "fused", "elementwise", cast]
 
 
 def launched(name, ts, dur, correlation, tid=1):

@@ -4,11 +4,11 @@ An update is profiled as training runs it: forward and backward, the step's one 
 then the optimizer step. Writes `{lengths}-ops.txt` (the profiler's op table), `{lengths}-trace.json`
 (a Chrome trace) and, on a GPU, `{lengths}-kernels.txt` / `.json`: kernel time per update by kind
 (GEMM, attention, fused elementwise, ...) and by the part of the update that launched it, then the GPU's
-idle time by what the host was doing when it ended. The parts are the hot path's `record_function`
-ranges (train/hotpath.py: target, mask, drafter, loss, clip) and the optimizer's own. Backward kernels run
-on autograd's device thread, outside those ranges, so they fall in "backward and unranged". Kinds are
-read from kernel names (cuBLAS, cuDNN, Triton as inductor names them, the loss's own Triton kernels):
-a heuristic.
+idle time by what the host was doing when it ended, then the kernels that took the most time, by name.
+The parts are the hot path's `record_function` ranges (train/hotpath.py: target, mask, drafter, loss,
+clip) and the optimizer's own. Backward kernels run on autograd's device thread, outside those ranges,
+so they fall in "backward and unranged". Kinds are read from kernel names (cuBLAS, cuDNN, Triton as
+inductor names them, the loss's own Triton kernels): a heuristic.
 """
 
 from __future__ import annotations
@@ -65,6 +65,26 @@ def kernel_summary(trace: dict[str, Any], updates: int) -> dict[str, Any]:
     return {"updates": updates, "busy_ms": busy, "idle_ms": max(0.0, span - busy),
             "by_kind": {k: by_kind[k] for k in KINDS if k in by_kind},
             "by_range": {r: dict(v) for r, v in sorted(by_range.items(), key=lambda x: -sum(x[1].values()))}}
+
+
+def top_kernels(trace: dict[str, Any], updates: int, top: int = 20) -> list[dict[str, Any]]:
+    """A Chrome trace's kernels by name, the most time first: the whole name (which the op table cuts at
+    55 characters), its kind, ms and launches per update. Names inductor's fused kernels, casts included."""
+    ms: dict[str, float] = defaultdict(float)
+    launches: dict[str, int] = defaultdict(int)
+    for k in trace["traceEvents"]:
+        if k.get("cat") == "kernel" and "dur" in k:
+            ms[k["name"]] += k["dur"] / 1e3 / updates
+            launches[k["name"]] += 1
+    names = sorted(ms, key=lambda n: -ms[n])[:top]
+    return [{"kernel": n, "kind": kernel_kind(n), "ms": ms[n], "launches": launches[n] / updates} for n in names]
+
+
+def top_kernels_table(kernels: list[dict[str, Any]], updates: int) -> str:
+    """`top_kernels` as plain text, one kernel a line."""
+    lines = [f"top kernels by time per update over {updates} updates (ms, launches, kind, name):"]
+    lines += [f"{k['ms']:8.2f} {k['launches']:6.1f}  {k['kind']:<24}  {k['kernel']}" for k in kernels]
+    return "\n".join(lines) + "\n"
 
 
 def _innermost(spans: list[dict[str, Any]], starts: list[float], t: float) -> dict[str, Any] | None:
@@ -178,5 +198,7 @@ def write_profile(hot, optimizer, micro: list, out_dir: str, lengths: str, updat
         events = json.loads(trace.read_text())
         summary = kernel_summary(events, updates)
         summary["idle_gaps"] = idle_gaps(events, updates)
+        summary["top_kernels"] = top_kernels(events, updates)
         (out / f"{lengths}-kernels.json").write_text(json.dumps(summary, indent=1))
-        (out / f"{lengths}-kernels.txt").write_text(summary_table(summary) + "\n" + gaps_table(summary["idle_gaps"]))
+        (out / f"{lengths}-kernels.txt").write_text(summary_table(summary) + "\n" + gaps_table(summary["idle_gaps"])
+                                                    + "\n" + top_kernels_table(summary["top_kernels"], updates))
