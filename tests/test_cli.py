@@ -1,8 +1,12 @@
 """User mistakes end in one line on stderr and exit code 2, never a traceback."""
 
+from pathlib import Path
+
 import pytest
 
 from blockdraft.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -35,6 +39,24 @@ def test_bad_override_and_missing_target(tmp_path, capsys):
     assert "optim.lr" in capsys.readouterr().err
     assert main(["train", str(cfg)]) == 2
     assert "target folder not found" in capsys.readouterr().err
+
+
+def test_missing_data_or_prompt_files_are_one_line_before_the_run_folder_is_made(tiny_target, tiny_corpus,
+                                                                                   tmp_path, capsys):
+    """A mistyped path is refused before anything is made or loaded, ahead of the notes a run prints
+    (the demo config's last-layer tap is one), so the line is the only one on stderr."""
+    bad_prompts = tmp_path / "bad.jsonl"
+    bad_prompts.write_text('{"bad"\n')
+    base = ["train", str(ROOT / "configs" / "demo.yaml"), f"target.path={tiny_target}",
+            f"data.train_files=[{tiny_corpus}]", f"train.out_dir={tmp_path / 'run'}", "train.device=cpu",
+            "drafter.target_layer_ids=[3]", "--no-console"]
+    for override, fragment in (("data.train_files=[/nope.jsonl]", "data file not found: /nope.jsonl"),
+                               ("eval.prompts=[/nope.jsonl]", "data file not found: /nope.jsonl"),
+                               (f"eval.prompts=[{bad_prompts}]", "no usable prompt in")):
+        assert main([*base, override]) == 2
+        err = capsys.readouterr().err
+        assert fragment in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
 def test_mask_id_outside_the_table_says_what_to_do(tiny_target, tiny_corpus, tmp_path, capsys):

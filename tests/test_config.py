@@ -33,6 +33,17 @@ def test_bad_values_fail_with_one_clear_line(overrides, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+def test_a_config_file_that_is_not_yaml_fails_with_one_line_saying_where(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("train:\n  epochs: [1, 2\n")
+    with pytest.raises(UserError) as info:
+        load_config(broken)
+    assert str(info.value).startswith(f"{broken}: not valid YAML: ") and "at line 3, column 1" in str(info.value)
+    assert "\n" not in str(info.value)
+    with pytest.raises(UserError, match=r"^cannot parse override value '\[1': .* at line 1, column 3$"):
+        build_config({"target": {"path": "t"}}, ["optim.betas=[1"])
+
+
 def test_shipped_configs_load_and_match_the_published_recipe():
     cfg = load_config(ROOT / "configs" / "qwen3-8b.yaml")
     assert cfg.drafter.block_size == 16 and cfg.drafter.num_layers == 5

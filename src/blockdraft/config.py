@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from blockdraft.device import DeviceName
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, yaml_problem
 from blockdraft.model.locate import looks_like_hub_id
 
 TrackerName = Literal["tensorboard", "wandb", "trackio", "mlflow"]
@@ -232,7 +232,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         try:
             node[leaf] = yaml.safe_load(value)
         except yaml.YAMLError as exc:
-            raise UserError(f"cannot parse override value {value!r}: {exc.problem}") from None
+            raise UserError(f"cannot parse override value {value!r}: {yaml_problem(exc)}") from None
     return raw
 
 
@@ -291,7 +291,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML: {exc}") from None
+        raise UserError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: the top level must be a mapping of sections")
     return build_config(resolve_paths(raw, path.resolve().parent), overrides)

@@ -41,6 +41,13 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def yaml_problem(exc: BaseException) -> str:
+    """A YAML parser's error as one line, what is wrong and where: PyYAML's own message spans several."""
+    problem = getattr(exc, "problem", None) or first_line(exc)
+    mark = getattr(exc, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
 def exit_script(main: Callable[[], int]) -> NoReturn:
     """A bench script's entry point: exit with `main`'s code, or with one line on stderr and code 2 when it
     raises a UserError, as the CLI does."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from blockdraft.config import LR_SHAPES
-from blockdraft.errors import UserError
+from blockdraft.errors import UserError, yaml_problem
 
 # our setting -> the leaf names other configs use for it (our own dotted path always matches)
 SETTINGS: dict[str, tuple[str, ...]] = {
@@ -59,7 +59,7 @@ def read_config(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
     except OSError as exc:
         raise UserError(f"--config {path}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise UserError(f"--config {path}: not YAML or JSON ({str(exc).splitlines()[0]})") from None
+        raise UserError(f"--config {path}: not YAML or JSON ({yaml_problem(exc)})") from None
     if not isinstance(data, dict):
         raise UserError(f"--config {path}: expected a mapping of settings at the top level")
     found: dict[str, tuple[str, Any]] = {}

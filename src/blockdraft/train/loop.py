@@ -32,6 +32,7 @@ from blockdraft.data.batching import BatchSampler
 from blockdraft.data.cache import prepare_dataset
 from blockdraft.data.cost import anchor_candidates, dataset_blocks, dataset_costs
 from blockdraft.data.prefetch import Batch, Prefetcher
+from blockdraft.data.reading import check_files
 from blockdraft.data.summary import data_record
 from blockdraft.device import pick_device
 from blockdraft.errors import UserError, make_dir
@@ -80,6 +81,11 @@ class Trainer:
         self.rank, self.world = self.dp.rank, self.dp.size
         if cfg.train.fp8_linears:
             require_fp8(self.device)
+        # mistyped paths are refused before the run folder is made; the data is prepared before the weights load
+        folder = open_target(cfg.target.path)
+        check_files(cfg.data.train_files)
+        if cfg.eval.prompts:
+            check_files(cfg.eval.prompts)
         self.run_dir = make_dir(Path(cfg.train.out_dir))
         self.show_console = show_console
         torch.manual_seed(cfg.train.seed)
@@ -89,13 +95,17 @@ class Trainer:
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.train.keep_last, self.rank,
                                          self.dp.ckpt_group)
         resume_from = self.checkpointer.newest(self.warn_damaged) if resume else None
-        folder = open_target(cfg.target.path)  # the data is prepared before the weights load
         self.tokenizer, hf_cfg = folder.tokenizer, folder.config
         d = cfg.drafter
         text_cfg = hf_cfg.get_text_config()  # a multimodal config keeps the decoder's inside
         layer_ids = d.tap_layers(text_cfg.num_hidden_layers)
+        self.eval_prompts: list[list[int]] = []
         if cfg.eval.prompts:  # the held-out evaluation decodes with the target
             require_decodable(text_cfg, "eval.prompts")
+            self.eval_prompts, skipped = load_prompts(cfg.eval.prompts, self.tokenizer, cfg.eval)
+            if skipped:
+                self.note("eval_prompts_skipped", "warning", f"held-out prompt lines skipped "
+                          f"({skip_counts(skipped)}); {len(self.eval_prompts)} kept")
         if text_cfg.num_hidden_layers - 1 in layer_ids:
             self.note("last_layer_tap", "warning",
                 f"drafter.target_layer_ids taps the target's last layer ({text_cfg.num_hidden_layers - 1}): serving "
@@ -152,12 +162,6 @@ class Trainer:
         if resume_from is not None:
             self.restore(resume_from)
             self.resumed_from = self.step
-        self.eval_prompts: list[list[int]] = []
-        if cfg.eval.prompts:
-            self.eval_prompts, skipped = load_prompts(cfg.eval.prompts, self.tokenizer, cfg.eval)
-            if skipped:
-                self.note("eval_prompts_skipped", "warning", f"held-out prompt lines skipped "
-                          f"({skip_counts(skipped)}); {len(self.eval_prompts)} kept")
         self.stop_reason: str | None = None  # set by a signal: every rank stops after the same update
         self.last_eval: dict[str, Any] | None = None
 
