@@ -6,7 +6,7 @@ would refuse with the settings given. Records are replayed in order, each under 
 the trainer judges it, so a log's own skips are reproduced when its settings are given.
 
   python bench/guard_replay.py runs/demo/log.jsonl                          # the default settings
-  python bench/guard_replay.py runs/demo/log.jsonl grad_norm_min_ratio=3    # one changed
+  python bench/guard_replay.py runs/demo/log.jsonl grad_norm_min_ratio=3    # one changed (guard. optional)
 """
 
 from __future__ import annotations
@@ -41,14 +41,15 @@ def replay(steps: list[dict], cfg: GuardConfig) -> tuple[dict[str, list[float]],
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log", type=Path)
-    parser.add_argument("settings", nargs="*", help="guard settings as key=value")
+    parser.add_argument("settings", nargs="*", help="guard settings as key=value or guard.key=value")
     args = parser.parse_args()
     if not args.log.is_file():
         raise UserError(f"log not found: {args.log}")
     if bad := [s for s in args.settings if "=" not in s]:
         raise UserError(f"setting {bad[0]!r} is not of the form key=value")
     try:
-        cfg = GuardConfig(**dict(s.split("=", 1) for s in args.settings))
+        cfg = GuardConfig(**{key.removeprefix("guard."): value  # as in the config file or as an override
+                             for key, value in (s.split("=", 1) for s in args.settings)})
     except ValidationError as exc:
         raise config_error(exc, "guard") from None
     steps = [r for r in read_log(args.log) if r.get("kind") == "step"]

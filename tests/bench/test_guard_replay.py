@@ -39,12 +39,16 @@ def test_the_script_reads_a_log_and_prints_what_it_would_refuse(tmp_path, capsys
     assert guard_replay.main() == 0
     out = capsys.readouterr().out
     assert "26 step records" in out and "refused with grad_norm_min_ratio=30: 0" in out
+    monkeypatch.setattr("sys.argv", ["guard_replay.py", str(log), "guard.grad_norm_min_ratio=30"])  # an override's form
+    assert guard_replay.main() == 0
+    assert "refused with guard.grad_norm_min_ratio=30: 0" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, message", [
     (["/nope.jsonl"], "log not found: /nope.jsonl"),
     (["LOG", "oops"], "setting 'oops' is not of the form key=value"),
     (["LOG", "grad_norm_min_ratio=abc"], "config: guard.grad_norm_min_ratio: Input should be a valid number"),
+    (["LOG", "guard.spike_k=abc"], "config: guard.spike_k: Input should be a valid number"),
 ])
 def test_a_users_mistake_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatch, args, message):
     log = tmp_path / "log.jsonl"
