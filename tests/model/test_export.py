@@ -90,3 +90,13 @@ def test_an_output_folder_that_cannot_be_made_is_a_user_error(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(UserError, match="cannot create folder"):
         write_export(tmp_path / "file" / "export", {}, {}, torch.float32)
+
+
+def test_a_run_folder_given_as_a_drafter_is_told_to_export_first(tmp_path):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(UserError, match=r"is not an exported drafter .*; it is a run folder: export it first, "
+                                        r"blockdraft export .*run --out DIR$"):
+        load_drafter(tmp_path / "run")
+    with pytest.raises(UserError, match=r"nope is not an exported drafter \(config.json \+ model.safetensors "
+                                        r"expected\)$"):
+        load_drafter(tmp_path / "nope")

@@ -62,7 +62,10 @@ def save_drafter(
 def load_drafter(path: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> DFlashDrafter:
     path = Path(path)
     if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
-        raise UserError(f"{path} is not an exported drafter (config.json + model.safetensors expected)")
+        hint = ""
+        if (path / "checkpoints").is_dir():  # a run folder
+            hint = f"; it is a run folder: export it first, blockdraft export {path} --out DIR"
+        raise UserError(f"{path} is not an exported drafter (config.json + model.safetensors expected){hint}")
     try:
         cfg = config_from_dict(json.loads((path / "config.json").read_text()))
     except (json.JSONDecodeError, TypeError, ValueError) as exc:
