@@ -9,6 +9,7 @@ import signal
 import pytest
 
 from blockdraft import cli
+from blockdraft.data import regenerate
 from tests.data.conftest import chat, write_jsonl
 from tests.data.test_reading import broken_corpus
 
@@ -127,7 +128,7 @@ def tiny_target(tmp_path_factory, qwen_tok):
     return path
 
 
-def test_regenerate_writes_shards_and_resumes(tmp_path, tiny_target, capsys):
+def test_regenerate_writes_shards_and_resumes(tmp_path, tiny_target, capsys, monkeypatch):
     records = [
         chat("hello world", "old answer", "the capital?", "old again"),
         {"text": "def add(a, b):"},
@@ -165,13 +166,19 @@ def test_regenerate_writes_shards_and_resumes(tmp_path, tiny_target, capsys):
     assert "old" not in first[1]["content"] + first[3]["content"]
     assert [m["role"] for m in rows[1]["messages"]] == ["user", "assistant"]  # text record = a prompt
     assert [m["role"] for m in rows[2]["messages"]] == ["user", "assistant"]  # prompt-only gets an answer
-    assert "malformed_json" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "malformed_json" in printed.out
+    cut = sum(not r["finished"] for r in rows)
+    assert cut == 4 and "(4 hit --max-new-tokens)" in printed.out  # 5 new tokens end no answer of this target
+    assert "note: 100% of the conversations hold an answer cut at --max-new-tokens 5" in printed.err
 
     shards[1].unlink()
     stamp = shards[0].stat().st_mtime_ns
+    monkeypatch.setattr(regenerate, "CUT_SHARE_NOTE", 1.0)  # every answer cut is not more than all of them
     assert cli.main(argv) == 0
     assert shards[0].stat().st_mtime_ns == stamp and shards[1].is_file()
-    assert "1 written now, 1 already done" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "1 written now, 1 already done" in printed.out and "note:" not in printed.err
     again = [json.loads(line) for line in shards[1].read_text().splitlines()]
     assert again == rows[3:]  # greedy: the same output on a rerun
 

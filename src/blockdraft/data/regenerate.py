@@ -28,6 +28,7 @@ from blockdraft.errors import UserError, check_at_least
 MANIFEST_SETTINGS = ("format", "max_new_tokens", "temperature", "top_p", "thinking", "shard_size", "prompt_tokens",
                      "seed")  # the flags a rerun must repeat, besides the inputs and the target
 GROUP_BATCHES = 4  # conversations handed to the engine at once, in batches: progress comes per group
+CUT_SHARE_NOTE = 0.2  # above this share of cut answers, the summary suggests a larger --max-new-tokens
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -244,4 +245,8 @@ def _regenerate(args: argparse.Namespace) -> int:
         f"{progress.tokens:,} answer tokens at {progress.rate:,.0f} tok/s; "
         f"skipped input records: {skipped or 'none'}"
     )
+    if progress.done and unfinished > CUT_SHARE_NOTE * progress.done:
+        print(f"note: {unfinished / progress.done:.0%} of the conversations hold an answer cut at --max-new-tokens "
+              f"{args.max_new_tokens} before the target ended it; the drafter trains on what is written, so a "
+              "larger value gives it the target's whole answers", file=sys.stderr)
     return 0
