@@ -81,11 +81,17 @@ class Trainer:
         self.rank, self.world = self.dp.rank, self.dp.size
         if cfg.train.fp8_linears:
             require_fp8(self.device)
-        # mistyped paths are refused before the run folder is made; the data is prepared before the weights load
+        # the target's tokenizer, the data files and the held-out prompts are checked before the run folder is
+        # made and before any note prints: a mistyped path or an unusable prompt file is the one line printed
         folder = open_target(cfg.target.path)
+        self.tokenizer, hf_cfg = folder.tokenizer, folder.config
+        text_cfg = hf_cfg.get_text_config()  # a multimodal config keeps the decoder's inside
         check_files(cfg.data.train_files)
-        if cfg.eval.prompts:
-            check_files(cfg.eval.prompts)
+        self.eval_prompts: list[list[int]] = []
+        skipped_prompts: dict[str, int] = {}
+        if cfg.eval.prompts:  # the held-out evaluation decodes with the target
+            require_decodable(text_cfg, "eval.prompts")
+            self.eval_prompts, skipped_prompts = load_prompts(cfg.eval.prompts, self.tokenizer, cfg.eval)
         self.run_dir = make_dir(Path(cfg.train.out_dir))
         self.show_console = show_console
         torch.manual_seed(cfg.train.seed)
@@ -95,17 +101,11 @@ class Trainer:
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.train.keep_last, self.rank,
                                          self.dp.ckpt_group)
         resume_from = self.checkpointer.newest(self.warn_damaged) if resume else None
-        self.tokenizer, hf_cfg = folder.tokenizer, folder.config
         d = cfg.drafter
-        text_cfg = hf_cfg.get_text_config()  # a multimodal config keeps the decoder's inside
         layer_ids = d.tap_layers(text_cfg.num_hidden_layers)
-        self.eval_prompts: list[list[int]] = []
-        if cfg.eval.prompts:  # the held-out evaluation decodes with the target
-            require_decodable(text_cfg, "eval.prompts")
-            self.eval_prompts, skipped = load_prompts(cfg.eval.prompts, self.tokenizer, cfg.eval)
-            if skipped:
-                self.note("eval_prompts_skipped", "warning", f"held-out prompt lines skipped "
-                          f"({skip_counts(skipped)}); {len(self.eval_prompts)} kept")
+        if skipped_prompts:
+            self.note("eval_prompts_skipped", "warning", f"held-out prompt lines skipped "
+                      f"({skip_counts(skipped_prompts)}); {len(self.eval_prompts)} kept")
         if text_cfg.num_hidden_layers - 1 in layer_ids:
             self.note("last_layer_tap", "warning",
                 f"drafter.target_layer_ids taps the target's last layer ({text_cfg.num_hidden_layers - 1}): serving "
