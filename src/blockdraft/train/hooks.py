@@ -116,12 +116,14 @@ class TimeBudgetHook(Hook):
         message = (f"train.max_minutes={t.cfg.train.max_minutes:g} holds {plan.total_steps} updates at "
                    f"{plan.median_update_s:.2f} s each (update 1 took {plan.first_update_s:.0f} s), not "
                    f"{t.total_steps}: the LR schedule now ends at update {plan.total_steps}")
+        shown = abs(plan.total_steps - t.total_steps) >= 0.02 * t.total_steps  # late looks move the end little
         t.shorten_schedule(plan.total_steps)
         t.console.total = plan.total_steps
         t.log.write("warning", t.step, code="schedule_planned", severity="info", message=message,
                     total_steps=plan.total_steps, warmup_steps=t.warmup_steps, first_update_s=plan.first_update_s,
                     median_update_s=plan.median_update_s)
-        t.console.note(message, style="cyan")
+        if shown:
+            t.console.note(message, style="cyan")
 
     def state_dict(self) -> dict[str, Any]:
         return self.budget.state_dict()
