@@ -5,8 +5,9 @@ mix the FP8 GEMMs saved 59 ms an update and the casts around them took back 49
 (benchmarks/2026-12-07-h100-fp8-on-the-mix-profiled.md). This times one Qwen3-8B drafter layer's
 projections alone, attention left out (q, k, v summed into o's input; SwiGLU MLP), on `--rows` query
 rows, compiled, as the median of 20 forward + backward calls between CUDA events, and lists the GPU
-kernels of 3 calls under the profiler by name and time, so the casts can be named. Variants: bf16 and
-FP8 (the trainer's own conversion, `train/fp8.py`), each with the projections as the drafter has them,
+kernels of 3 calls under the profiler by name and time, so the casts can be named. Variants: bf16, FP8
+(the trainer's own conversion, `train/fp8.py`) and FP8 with torchao's rowwise scales (one scale per row,
+an amax that parallelizes over rows), each with the projections as the drafter has them,
 compiled static and dynamic (on a length mix the drafter runs its most frequent block class's static
 graph and a dynamic one for the others: train/hotpath.py), and with q/k/v and gate/up merged into one
 layer each (an input cast once, not three times and twice). CUDA with compute capability 8.9 or later;
@@ -28,7 +29,7 @@ from torch import nn
 
 from blockdraft.bench.measure import cuda_median_ms
 from blockdraft.bench.profile import top_kernels
-from blockdraft.train.fp8 import to_fp8_linears
+from blockdraft.train.fp8 import FP8_RECIPE, to_fp8_linears
 
 HIDDEN, HEADS_DIM, KV_DIM, FFN = 4096, 4096, 1024, 12288  # Qwen3-8B: 32 x 128 query, 8 x 128 key/value
 
@@ -77,10 +78,11 @@ def kernel_table(step, top: int, calls: int = 3) -> list[dict]:
         return [{**k, "ms": round(k["ms"], 3)} for k in top_kernels(json.loads(path.read_text()), calls, top)]
 
 
-def measure(fp8: bool, merged: bool, dynamic: bool, rows: int, top: int) -> dict:
+def measure(fp8: str | None, merged: bool, dynamic: bool, rows: int, top: int) -> dict:
+    """`fp8`: torchao's recipe name, or None for bf16."""
     torch.manual_seed(0)
     layer = Projections(merged).cuda()
-    swapped = to_fp8_linears(layer) if fp8 else 0
+    swapped = to_fp8_linears(layer, fp8) if fp8 else 0
     compiled = torch.compile(layer, dynamic=dynamic)
     x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
@@ -101,7 +103,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=17792, help="query rows of one pass (the mix's: 1,112 blocks x 16)")
     p.add_argument("--top", type=int, default=12, help="kernels listed per variant")
     args = p.parse_args()
-    for fp8 in (True, False):
+    for fp8 in (FP8_RECIPE, None, "rowwise"):
         for merged, dynamic in ((False, False), (False, True), (True, False)):
             print(json.dumps(measure(fp8, merged, dynamic, args.rows, args.top)), flush=True)
 

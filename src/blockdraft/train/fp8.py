@@ -18,6 +18,7 @@ from torch import nn
 from blockdraft.errors import UserError, first_line
 
 FP8_MIN_CAPABILITY = (8, 9)  # Ada and newer have FP8 tensor cores
+FP8_RECIPE = "tensorwise"  # torchao's recipe name; "rowwise" is measured against it in bench/fp8_casts.py
 
 
 def require_fp8(device: torch.device) -> None:
@@ -35,14 +36,15 @@ def fits_fp8(module: nn.Module, _name: str = "") -> bool:
     return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
-def to_fp8_linears(module: nn.Module) -> int:
-    """Swap the module's linear layers that fit for torchao's Float8Linear, in place and keeping their
-    Parameters; returns how many multiply in FP8. Before the optimizer, torch.compile and DDP or FSDP2."""
+def to_fp8_linears(module: nn.Module, recipe: str = FP8_RECIPE) -> int:
+    """Swap the module's linear layers that fit for torchao's Float8Linear (scaled per torchao's `recipe`),
+    in place and keeping their Parameters; returns how many multiply in FP8. Before the optimizer,
+    torch.compile and DDP or FSDP2."""
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
         from torchao.float8.float8_linear import Float8Linear
     except Exception as e:  # a torchao built for another torch fails in many ways
         raise UserError(f"train.fp8_linears: torchao does not import ({type(e).__name__}: {first_line(e)})") from None
-    convert_to_float8_training(module, config=Float8LinearConfig.from_recipe_name("tensorwise"),
+    convert_to_float8_training(module, config=Float8LinearConfig.from_recipe_name(recipe),
                                module_filter_fn=fits_fp8)
     return sum(isinstance(m, Float8Linear) for m in module.modules())
