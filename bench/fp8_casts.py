@@ -6,8 +6,10 @@ mix the FP8 GEMMs saved 59 ms an update and the casts around them took back 49
 projections alone, attention left out (q, k, v summed into o's input; SwiGLU MLP), on `--rows` query
 rows, compiled, as the median of 20 forward + backward calls between CUDA events, and lists the GPU
 kernels of 3 calls under the profiler by name and time, so the casts can be named. Variants: bf16, FP8
-(the trainer's own conversion, `train/fp8.py`) and FP8 with torchao's rowwise scales (one scale per row,
-an amax that parallelizes over rows), each with the projections as the drafter has them,
+as the trainer converts (`train/fp8.py`, torchao's tensorwise recipe), and three other scalings:
+tensorwise with the weight-gradient GEMM in bf16 (`tensorwise_gw_hp`: no transposed casts of the input
+and output gradient), torchao's `rowwise` (one scale per row: an amax that parallelizes over rows) and
+its `rowwise_with_gw_hp`; each with the projections as the drafter has them,
 compiled static and dynamic (on a length mix the drafter runs its most frequent block class's static
 graph and a dynamic one for the others: train/hotpath.py), and with q/k/v and gate/up merged into one
 layer each (an input cast once, not three times and twice). CUDA with compute capability 8.9 or later;
@@ -29,7 +31,7 @@ from torch import nn
 
 from blockdraft.bench.measure import cuda_median_ms
 from blockdraft.bench.profile import top_kernels
-from blockdraft.train.fp8 import FP8_RECIPE, to_fp8_linears
+from blockdraft.train.fp8 import to_fp8_linears
 
 HIDDEN, HEADS_DIM, KV_DIM, FFN = 4096, 4096, 1024, 12288  # Qwen3-8B: 32 x 128 query, 8 x 128 key/value
 
@@ -78,11 +80,22 @@ def kernel_table(step, top: int, calls: int = 3) -> list[dict]:
         return [{**k, "ms": round(k["ms"], 3)} for k in top_kernels(json.loads(path.read_text()), calls, top)]
 
 
-def measure(fp8: str | None, merged: bool, dynamic: bool, rows: int, top: int) -> dict:
-    """`fp8`: torchao's recipe name, or None for bf16."""
+def fp8_config(scaling: str) -> object:
+    """torchao's Float8LinearConfig for a recipe name, or tensorwise_gw_hp: tensorwise scales for the
+    forward and input-gradient GEMMs, the weight-gradient GEMM left in high precision."""
+    from torchao.float8 import CastConfig, Float8LinearConfig, ScalingType
+
+    if scaling != "tensorwise_gw_hp":
+        return Float8LinearConfig.from_recipe_name(scaling)
+    return Float8LinearConfig(cast_config_input_for_grad_weight=CastConfig(scaling_type=ScalingType.DISABLED),
+                              cast_config_grad_output_for_grad_weight=CastConfig(scaling_type=ScalingType.DISABLED))
+
+
+def measure(scaling: str | None, merged: bool, dynamic: bool, rows: int, top: int) -> dict:
+    """`scaling`: an FP8 scaling (`fp8_config`), or None for bf16."""
     torch.manual_seed(0)
     layer = Projections(merged).cuda()
-    swapped = to_fp8_linears(layer, fp8) if fp8 else 0
+    swapped = to_fp8_linears(layer, fp8_config(scaling)) if scaling else 0
     compiled = torch.compile(layer, dynamic=dynamic)
     x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
@@ -94,7 +107,7 @@ def measure(fp8: str | None, merged: bool, dynamic: bool, rows: int, top: int) -
 
     median = cuda_median_ms(step)
     flops = 6 * rows * sum(p.numel() for p in layer.parameters())  # forward + both backward GEMMs
-    return {"fp8": fp8, "merged": merged, "dynamic": dynamic, "rows": rows, "fp8_layers": swapped,
+    return {"fp8": scaling, "merged": merged, "dynamic": dynamic, "rows": rows, "fp8_layers": swapped,
             "ms": round(median, 3), "tflops": round(flops / median / 1e9, 1), "kernels": kernel_table(step, top)}
 
 
@@ -103,9 +116,10 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=17792, help="query rows of one pass (the mix's: 1,112 blocks x 16)")
     p.add_argument("--top", type=int, default=12, help="kernels listed per variant")
     args = p.parse_args()
-    for fp8 in (FP8_RECIPE, None, "rowwise"):
-        for merged, dynamic in ((False, False), (False, True), (True, False)):
-            print(json.dumps(measure(fp8, merged, dynamic, args.rows, args.top)), flush=True)
+    variants = [(scaling, False, dynamic) for scaling in ("tensorwise", None, "tensorwise_gw_hp", "rowwise",
+                                                          "rowwise_with_gw_hp") for dynamic in (False, True)]
+    for scaling, merged, dynamic in variants + [("tensorwise", True, False), (None, True, False)]:
+        print(json.dumps(measure(scaling, merged, dynamic, args.rows, args.top)), flush=True)
 
 
 if __name__ == "__main__":

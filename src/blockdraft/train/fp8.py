@@ -18,7 +18,6 @@ from torch import nn
 from blockdraft.errors import UserError, first_line
 
 FP8_MIN_CAPABILITY = (8, 9)  # Ada and newer have FP8 tensor cores
-FP8_RECIPE = "tensorwise"  # torchao's recipe name; "rowwise" is measured against it in bench/fp8_casts.py
 
 
 def require_fp8(device: torch.device) -> None:
@@ -36,15 +35,16 @@ def fits_fp8(module: nn.Module, _name: str = "") -> bool:
     return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
-def to_fp8_linears(module: nn.Module, recipe: str = FP8_RECIPE) -> int:
-    """Swap the module's linear layers that fit for torchao's Float8Linear (scaled per torchao's `recipe`),
-    in place and keeping their Parameters; returns how many multiply in FP8. Before the optimizer,
-    torch.compile and DDP or FSDP2."""
+def to_fp8_linears(module: nn.Module, config: object | None = None) -> int:
+    """Swap the module's linear layers that fit for torchao's Float8Linear, in place and keeping their
+    Parameters; returns how many multiply in FP8. `config`: a torchao Float8LinearConfig (bench/fp8_casts.py
+    compares others); None is the tensorwise recipe. Before the optimizer, torch.compile and DDP or FSDP2."""
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
         from torchao.float8.float8_linear import Float8Linear
     except Exception as e:  # a torchao built for another torch fails in many ways
         raise UserError(f"train.fp8_linears: torchao does not import ({type(e).__name__}: {first_line(e)})") from None
-    convert_to_float8_training(module, config=Float8LinearConfig.from_recipe_name(recipe),
+    config = config or Float8LinearConfig.from_recipe_name("tensorwise")
+    convert_to_float8_training(module, config=config,
                                module_filter_fn=fits_fp8)
     return sum(isinstance(m, Float8Linear) for m in module.modules())
