@@ -15,7 +15,7 @@ graph and a dynamic one for the others: train/hotpath.py), and with q/k/v and ga
 layer each (an input cast once, not three times and twice). CUDA with compute capability 8.9 or later;
 one JSON line per variant.
 
-    PYTHONPATH=src python3 bench/fp8_casts.py [--rows 17792] [--top 12]
+    PYTHONPATH=src python3 bench/fp8_casts.py [--rows 17792] [--top 12] [--scalings ...] [--merged]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from blockdraft.bench.measure import cuda_median_ms
 from blockdraft.bench.profile import top_kernels
 from blockdraft.train.fp8 import to_fp8_linears
 
+SCALINGS = ("tensorwise", "bf16", "tensorwise_gw_hp", "rowwise", "rowwise_with_gw_hp")
 HIDDEN, HEADS_DIM, KV_DIM, FFN = 4096, 4096, 1024, 12288  # Qwen3-8B: 32 x 128 query, 8 x 128 key/value
 
 
@@ -115,10 +116,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=17792, help="query rows of one pass (the mix's: 1,112 blocks x 16)")
     p.add_argument("--top", type=int, default=12, help="kernels listed per variant")
+    p.add_argument("--scalings", nargs="+", default=list(SCALINGS), choices=SCALINGS,
+                   help="bf16, or an FP8 scaling (fp8_config); each compiled static and dynamic")
+    p.add_argument("--merged", action="store_true", help="also each scaling with q/k/v and gate/up merged")
     args = p.parse_args()
-    variants = [(scaling, False, dynamic) for scaling in ("tensorwise", None, "tensorwise_gw_hp", "rowwise",
-                                                          "rowwise_with_gw_hp") for dynamic in (False, True)]
-    for scaling, merged, dynamic in variants + [("tensorwise", True, False), (None, True, False)]:
+    scalings = [None if name == "bf16" else name for name in args.scalings]
+    variants = [(scaling, False, dynamic) for scaling in scalings for dynamic in (False, True)]
+    if args.merged:
+        variants += [(scaling, True, False) for scaling in scalings]
+    for scaling, merged, dynamic in variants:
         print(json.dumps(measure(scaling, merged, dynamic, args.rows, args.top)), flush=True)
 
 

@@ -3,6 +3,7 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 
 _spec = importlib.util.spec_from_file_location("fp8_casts", Path(__file__).parents[2] / "bench" / "fp8_casts.py")
@@ -26,3 +27,32 @@ def test_merged_projections_compute_the_separate_ones(monkeypatch):
     torch.testing.assert_close(merged(x), out)
     assert sum(p.numel() for p in merged.parameters()) == sum(p.numel() for p in separate.parameters())
 
+
+
+def test_each_fp8_scaling_converts_and_the_gw_hp_ones_keep_the_weight_gradient_in_high_precision():
+    """Each scaling the bench compares is a torchao config the trainer's swap takes; the *_gw_hp ones
+    leave the weight-gradient GEMM's operands uncast, so its result is the plain one of the FP8 output's
+    gradient."""
+    import dataclasses
+
+    pytest.importorskip("torchao")
+    from torchao.float8 import ScalingType
+
+    from blockdraft.train.fp8 import to_fp8_linears
+
+    for scaling in fp8_casts.SCALINGS:
+        if scaling == "bf16":
+            continue
+        config = dataclasses.replace(fp8_casts.fp8_config(scaling), emulate=True)  # FP8 casts on the CPU
+        gw_hp = config.cast_config_input_for_grad_weight.scaling_type is ScalingType.DISABLED
+        assert gw_hp == scaling.endswith("_gw_hp")
+        torch.manual_seed(0)
+        layer = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False))
+        assert to_fp8_linears(layer, config) == 1
+        x = torch.randn(16, 64)
+        out = layer(x)
+        grad_out = torch.randn_like(out)
+        out.backward(grad_out)
+        plain_weight_grad = grad_out.T @ x  # [32, 64]
+        error = (layer[0].weight.grad - plain_weight_grad).norm() / plain_weight_grad.norm()
+        assert (error < 1e-6) == gw_hp, (scaling, error.item())
