@@ -1,10 +1,11 @@
-"""The live-doctor hook judges what the log wrote, after the update: every record at once, the full
-analysis runs at most every N updates and S seconds."""
+"""The train hooks, after each update: the live doctor judges every record at once and runs the full
+analysis at most every N updates and S seconds; the time budget logs each re-plan of the schedule."""
 
+import time
 from types import SimpleNamespace
 
 from blockdraft.telemetry.log import RunLog, read_log
-from blockdraft.train.hooks import LiveDoctorHook, StepEnd
+from blockdraft.train.hooks import LiveDoctorHook, StepEnd, TimeBudgetHook
 
 
 def _hook(tmp_path, **kwargs):
@@ -43,3 +44,20 @@ def test_a_nonfinite_loss_is_reported_at_its_own_update(tmp_path):
     step(2, 0.1, loss=float("nan"))
     warnings = [r for r in read_log(log.path) if r["kind"] == "warning"]
     assert [(w["code"], w["step"]) for w in warnings] == [("nonfinite", 2)] and analyses == []
+
+
+def test_every_time_budget_replan_is_logged_and_only_those_that_move_the_end_2_percent_are_shown(tmp_path):
+    log, notes, total = RunLog(tmp_path / "log.jsonl"), [], [100_000]
+    trainer = SimpleNamespace(
+        log=log, step=0, device=SimpleNamespace(type="cpu"), started=time.time(), warmup_steps=10,
+        cfg=SimpleNamespace(train=SimpleNamespace(max_minutes=1.0)),
+        console=SimpleNamespace(note=lambda message, **_: notes.append(message)),
+        shorten_schedule=lambda n: total.__setitem__(0, n))
+    hook = TimeBudgetHook(trainer, max_minutes=1.0)
+    for k in range(1, 42):
+        trainer.step, trainer.total_steps = k, total[0]
+        hook.on_step_end(StepEnd({}, [], 0.01, None))  # 0.97 * 60 s at 0.01 s: about 5,800 updates fit
+    planned = [r for r in read_log(log.path) if r.get("code") == "schedule_planned"]
+    assert [r["step"] for r in planned] == [11, 41]  # the looks after 10 and 40 measured updates
+    assert abs(planned[1]["total_steps"] - planned[0]["total_steps"]) < 0.02 * planned[0]["total_steps"]
+    assert len(notes) == 1 and "not 100000" in notes[0] and "update 1 took" not in notes[0]  # under 1 s

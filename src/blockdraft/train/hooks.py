@@ -113,9 +113,10 @@ class TimeBudgetHook(Hook):
         plan = self.budget.observe(t.step, end.step_time, time.time() - t.started, t.total_steps)
         if plan is None:
             return
+        first = f" (update 1 took {plan.first_update_s:.0f} s)" if plan.first_update_s >= 1 else ""
         message = (f"train.max_minutes={t.cfg.train.max_minutes:g} holds {plan.total_steps} updates at "
-                   f"{plan.median_update_s:.2f} s each (update 1 took {plan.first_update_s:.0f} s), not "
-                   f"{t.total_steps}: the LR schedule now ends at update {plan.total_steps}")
+                   f"{plan.median_update_s:.2f} s each{first}, not {t.total_steps}: the LR schedule now ends at "
+                   f"update {plan.total_steps}")
         shown = abs(plan.total_steps - t.total_steps) >= 0.02 * t.total_steps  # late looks move the end little
         t.shorten_schedule(plan.total_steps)
         t.console.total = plan.total_steps
