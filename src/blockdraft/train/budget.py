@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-FIRST_LOOK, LOOK_SPACING = 10, 4  # the rate is measured after 10, 40, 160, ... updates after the first
+FIRST_LOOK, LOOK_SPACING = 10, 4  # looks after 10, 40, 160, ... updates after the first (or halfway sooner)
 
 
 def next_look(measured: int, updates_left: int) -> int:

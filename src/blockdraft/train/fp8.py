@@ -45,6 +45,5 @@ def to_fp8_linears(module: nn.Module, config: object | None = None) -> int:
     except Exception as e:  # a torchao built for another torch fails in many ways
         raise UserError(f"train.fp8_linears: torchao does not import ({type(e).__name__}: {first_line(e)})") from None
     config = config or Float8LinearConfig.from_recipe_name("tensorwise")
-    convert_to_float8_training(module, config=config,
-                               module_filter_fn=fits_fp8)
+    convert_to_float8_training(module, config=config, module_filter_fn=fits_fp8)
     return sum(isinstance(m, Float8Linear) for m in module.modules())
