@@ -56,3 +56,16 @@ def test_each_fp8_scaling_converts_and_the_gw_hp_ones_keep_the_weight_gradient_i
         plain_weight_grad = grad_out.T @ x  # [32, 64]
         error = (layer[0].weight.grad - plain_weight_grad).norm() / plain_weight_grad.norm()
         assert (error < 1e-6) == gw_hp, (scaling, error.item())
+
+
+def test_the_draft_layer_variant_runs_the_drafters_layer_with_its_context_and_counts_its_linear_flops(monkeypatch):
+    for name, size in (("HIDDEN", 32), ("HEADS_DIM", 32), ("KV_DIM", 16), ("FFN", 48), ("HEAD_DIM", 8)):
+        monkeypatch.setattr(fp8_casts, name, size)
+    torch.manual_seed(0)
+    layer = fp8_casts.DraftLayerPass()
+    x, ctx = torch.randn(1, 5, 32), torch.randn(1, 7, 32)
+    out = layer(x, ctx)  # [1, 5, 32]
+    assert out.shape == (1, 5, 32)
+    assert not torch.equal(layer(x, ctx + 1), out)  # the queries attend to the context's K/V
+    # q, o: 32 x 32; k, v: 16 x 32 on 5 query + 7 context rows; gate, up, down: 48 x 32
+    assert fp8_casts.linear_flops(layer, rows=5, context=7) == 6 * (5 * (2 * 1024 + 3 * 1536) + 12 * 2 * 512)
