@@ -1,4 +1,5 @@
-"""bench/fp8_casts.py: its merged projections compute what the separate ones do, so the variants compare."""
+"""bench/fp8_casts.py: its variants compute what they stand for, so their times compare: merged projections
+equal the separate ones, each FP8 scaling converts, and the draft-layer variant runs the drafter's layer."""
 
 import importlib.util
 from pathlib import Path
@@ -26,7 +27,6 @@ def test_merged_projections_compute_the_separate_ones(monkeypatch):
     assert out.shape == (5, 32)
     torch.testing.assert_close(merged(x), out)
     assert sum(p.numel() for p in merged.parameters()) == sum(p.numel() for p in separate.parameters())
-
 
 
 def test_each_fp8_scaling_converts_and_the_gw_hp_ones_keep_the_weight_gradient_in_high_precision():
