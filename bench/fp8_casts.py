@@ -128,13 +128,14 @@ def fp8_config(scaling: str) -> object:
 def measure(kind: str, scaling: str | None, merged: bool, dynamic: bool, rows: int, context: int, top: int) -> dict:
     """`kind`: projections or draft; `scaling`: an FP8 scaling (`fp8_config`), or None for bf16."""
     torch.manual_seed(0)
-    layer = (DraftLayerPass() if kind == "draft" else Projections(merged)).cuda()
+    if kind == "draft":
+        layer, shapes = DraftLayerPass(), [(1, rows, HIDDEN), (1, context, HIDDEN)]
+    else:
+        layer, shapes, context = Projections(merged), [(rows, HIDDEN)], 0
+    layer = layer.cuda()
     swapped = to_fp8_linears(layer, fp8_config(scaling)) if scaling else 0
     compiled = torch.compile(layer, dynamic=dynamic)
-    shape = (1, rows, HIDDEN) if kind == "draft" else (rows, HIDDEN)
-    inputs = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)]
-    if kind == "draft":
-        inputs.append(torch.randn(1, context, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True))
+    inputs = [torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for shape in shapes]
 
     def step() -> None:
         for x in inputs:
@@ -144,10 +145,10 @@ def measure(kind: str, scaling: str | None, merged: bool, dynamic: bool, rows: i
         out.float().square().mean().backward()
 
     median = cuda_median_ms(step)
-    flops = linear_flops(layer, rows, context if kind == "draft" else 0)
-    return {"layer": kind, "fp8": scaling, "merged": merged, "dynamic": dynamic, "rows": rows,
-            "context": context if kind == "draft" else 0, "fp8_layers": swapped, "ms": round(median, 3),
-            "tflops": round(flops / median / 1e9, 1), "kernels": kernel_table(step, top)}
+    flops = linear_flops(layer, rows, context)
+    return {"layer": kind, "fp8": scaling, "merged": merged, "dynamic": dynamic, "rows": rows, "context": context,
+            "fp8_layers": swapped, "ms": round(median, 3), "tflops": round(flops / median / 1e9, 1),
+            "kernels": kernel_table(step, top)}
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """bench/fp8_casts.py: its variants compute what they stand for, so their times compare: merged projections
 equal the separate ones, each FP8 scaling converts, and the draft-layer variant runs the drafter's layer."""
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -33,8 +34,6 @@ def test_each_fp8_scaling_converts_and_the_gw_hp_ones_keep_the_weight_gradient_i
     """Each scaling the bench compares is a torchao config the trainer's swap takes; the *_gw_hp ones
     leave the weight-gradient GEMM's operands uncast, so its result is the plain one of the FP8 output's
     gradient."""
-    import dataclasses
-
     pytest.importorskip("torchao")
     from torchao.float8 import ScalingType
 
