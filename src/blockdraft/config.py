@@ -130,6 +130,10 @@ class TrainConfig(Section):
     device: DeviceName = "auto"
     precision: Literal["bf16", "fp32"] = "bf16"
     compile: bool | Literal["auto"] = Field("auto", description="torch.compile target and drafter (auto: on CUDA)")
+    static_graphs: bool = Field(
+        False, description="with shape classes, compile the drafter's forward and backward once per block class "
+        "with every size known, instead of one graph for the most frequent class and one with symbolic sizes "
+        "for the others: a longer warm-up (docs/training.md)")
     activation_checkpointing: bool = Field(False, description="recompute drafter layers in backward (long contexts)")
     flex_backend: Literal["auto", "triton", "flash"] = Field(
         "auto", description="the drafter's flex-attention kernels: torch's Triton ones, or FlashAttention-4's "

@@ -5,6 +5,7 @@ import random
 
 import pytest
 import torch
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from blockdraft.data.cost import dataset_blocks
 from blockdraft.train.loop import Trainer
@@ -141,24 +142,29 @@ def test_a_padded_pass_gives_the_loss_and_gradients_of_the_unpadded_one(tiny_con
 
 
 @pytest.mark.filterwarnings("ignore")
-def test_a_compiled_length_mix_compiles_nothing_after_the_shape_warm_up():
+@pytest.mark.parametrize("static_graphs", [False, True])
+def test_a_compiled_length_mix_compiles_nothing_after_the_shape_warm_up(static_graphs):
     """CPU inductor, dense mask (flex attention has no CPU backward): after `warm_up` has run the
     plan's picks, a length mix whose noise ends at 0 compiles no graph at all (noise stays a tensor;
-    classes bound the shapes; the warm-up met every graph they need)."""
+    classes bound the shapes; the warm-up met every graph they need). With `train.static_graphs` the
+    warm-up compiles a graph for each block class it meets, where dynamo alone shares one graph with
+    symbolic sizes between the classes after the first."""
     from blockdraft.bench.measure import build_models
     from blockdraft.bench.shapes import target_config
     from blockdraft.bench.synthetic import SyntheticDataset
     from blockdraft.config import build_config
     from blockdraft.data.batching import BatchSampler
     from blockdraft.data.prefetch import Prefetcher
-    from blockdraft.train.hotpath import HotPath, RunPlan, graphs_compiled
+    from blockdraft.train.hotpath import DraftForward, HotPath, RunPlan, graphs_compiled
 
     cfg = build_config({"target": {"path": "<tiny>"}, "drafter": {"num_layers": 1, "num_taps": 2},
                         "data": {"max_len": 256, "tokens_per_batch": 512},
                         "noise": {"std": 0.05, "schedule": "cosine", "final_std": 0.0},
-                        "train": {"device": "cpu", "compile": True, "num_anchors": 16}}, [])
+                        "train": {"device": "cpu", "compile": True, "num_anchors": 16,
+                                  "static_graphs": static_graphs}}, [])
     device = torch.device("cpu")
     torch.manual_seed(0)
+    torch._dynamo.reset()  # no compiled forward of an earlier test
     target, drafter = build_models(cfg, target_config("tiny", None), device)
     hot = HotPath(target, drafter, cfg, device, fast=True)
     hot.attention = "sdpa"  # the dense mask is an input of the compiled forward
@@ -168,8 +174,12 @@ def test_a_compiled_length_mix_compiles_nothing_after_the_shape_warm_up():
     sampler = BatchSampler(data.lengths, cfg.data, seed=0)
     plan = RunPlan.of(data, sampler, dataset_blocks(data, cfg), epochs=1)
     hot.fit_shapes(plan)
-    assert hot.warm_up(hot.warmup_batches(data, plan)) >= 3
-    assert graphs_compiled() > 0 and all(p.grad is None for p in drafter.parameters())
+    warmup = hot.warmup_batches(data, plan)
+    assert hot.warm_up(warmup) >= 3
+    classes = {p.packed.padded_blocks for b in warmup for p in hot.prepare(b).passes}
+    graphs = len(_debug_get_cache_entry_list(DraftForward.forward.__code__))  # the drafter's compiled forwards
+    assert graphs == len(classes) if static_graphs else graphs < len(classes), (graphs, classes)
+    assert all(p.grad is None for p in drafter.parameters())
     with Prefetcher(data, sampler, depth=2, pin_memory=False, prepare=hot.prepare) as prefetcher:
         before = graphs_compiled()
         for k in range(1, 9):

@@ -153,9 +153,9 @@ def pass_blocks(row_blocks: list[int], max_blocks: int) -> list[int]:
 def warmup_picks(micro_batches: list[tuple[list[int], list[int]]], shapes: ShapeClasses, max_blocks: int) -> list[int]:
     """micro_batches: the plan's (row lengths, row blocks) -> which of them to run before update 1 so that
     every graph the plan needs is compiled: for each block class its passes take, the first micro-batch
-    with it, the most frequent class first (its graph is the static one: dynamo makes the later ones
-    dynamic); then the micro-batches with the most rows and with the longest lone row (the target's
-    batch shapes), if not picked already."""
+    with it, the most frequent class first (its graph has known sizes; unless `train.static_graphs`,
+    dynamo compiles the later classes into one graph with symbolic sizes); then the micro-batches with
+    the most rows and with the longest lone row (the target's batch shapes), if not picked already."""
     first: dict[int, int] = {}
     seen: dict[int, int] = {}
     for i, (_, blocks) in enumerate(micro_batches):
@@ -264,7 +264,9 @@ class HotPath:
 
     def forward_module(self) -> nn.Module:
         if self._forward is None:
-            self._forward = torch.compile(self.module) if self.compile else self.module
+            static = self.cfg.train.static_graphs and self.shapes is not None  # one graph per class
+            self._forward = torch.compile(self.module, dynamic=False if static else None) if self.compile \
+                else self.module
         return self._forward
 
     # ---- batches -----------------------------------------------------------------------------------
