@@ -133,7 +133,8 @@ class TrainConfig(Section):
     static_graphs: bool = Field(
         False, description="with shape classes, compile the drafter's forward and backward once per block class "
         "with every size known, instead of one graph for the most frequent class and one with symbolic sizes "
-        "for the others: a longer warm-up (docs/training.md)")
+        "for the others: FP8 linears lose less to symbolic sizes, but the warm-up compiles a graph per class "
+        "(over 3x longer on the Qwen3-8B bench's mix; docs/training.md)")
     activation_checkpointing: bool = Field(False, description="recompute drafter layers in backward (long contexts)")
     flex_backend: Literal["auto", "triton", "flash"] = Field(
         "auto", description="the drafter's flex-attention kernels: torch's Triton ones, or FlashAttention-4's "
