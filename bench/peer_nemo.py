@@ -402,8 +402,8 @@ def ratios(ours: dict[str, Any], peer: list[dict[str, Any]]) -> list[dict[str, A
     Each ratio is given at the median update (`ratio`) and over the measured window (`ratio_wall`), and a
     target is judged on the window: a median update's rate pairs the median tokens per update with the
     median time, which under-counts a run whose updates hold unequal numbers of tokens at equal cost
-    (cost-balanced batching: ours on the mix by about a quarter, `wall_over_median`), while the window's
-    rate is its work over its time, stalls included (`wall_over_median_time` says whether there were any)."""
+    (cost-balanced batching: ours on the mix by about a quarter, `rate_wall_over_median`), while the window's
+    rate is its work over its time, stalls included (`time_wall_over_median` says whether there were any)."""
     by_profile = {r["profile"]: r for r in ours["profiles"]}
     out = []
     for r in peer:

@@ -98,7 +98,7 @@ def test_bench_counts_supervised_blocks_and_wall_time_consistently(capsys):
     assert mix["blocks_per_s"] == pytest.approx(mix["tokens_per_s"] * mix["blocks_per_1k_tokens"] / 1000)
     assert mix["tokens_per_s_wall"] == pytest.approx(mix["tokens"] / mix["wall_s"])
     assert mix["blocks_per_s_wall"] == pytest.approx(mix["blocks"] / mix["wall_s"])
-    assert mix["wall_over_median"] == pytest.approx(mix["tokens_per_s_wall"] / mix["tokens_per_s"])
+    assert mix["rate_wall_over_median"] == pytest.approx(mix["tokens_per_s_wall"] / mix["tokens_per_s"])
     assert mix["wall_s"] >= mix["steps"] * mix["step_time_s"] / 2  # the median update times the count, roughly
     # 0.25 blocks per answer token, rounded up per sample (samples have 64 tokens at least)
     assert 100 < mix["blocks_per_1k_tokens"] <= 250 + 1000 / 64
@@ -107,7 +107,7 @@ def test_bench_counts_supervised_blocks_and_wall_time_consistently(capsys):
         assert slow["time_s"] > 2 * mix["step_time_s"] and 2 <= slow["update"] <= 9
     # nothing compiles on the CPU's plain path (the process-wide total also counts earlier tests' graphs)
     assert mix["graphs_compiled"] == 0 and mix["last_compile_update"] is None
-    assert mix["wall_over_median_time"] == pytest.approx(mix["wall_s"] / (mix["steps"] * mix["step_time_s"]))
+    assert mix["time_wall_over_median"] == pytest.approx(mix["wall_s"] / (mix["steps"] * mix["step_time_s"]))
 
 
 def test_summary_names_the_slow_updates_and_the_last_compile():

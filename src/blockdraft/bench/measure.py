@@ -256,10 +256,10 @@ def summarize_rows(
         "tokens_per_s": tokens / step,
         "tokens_per_s_per_gpu": tokens / step / world_size,
         "tokens_per_s_wall": total_tokens / wall,
-        "wall_over_median": total_tokens / wall / (tokens / step),
+        "rate_wall_over_median": total_tokens / wall / (tokens / step),
         # stalls alone: 1.0 when the window took what its updates take at the median update time (tokens
         # per update vary under cost-balanced batching, so the rate ratio above can exceed 1 without stalls)
-        "wall_over_median_time": wall / (len(rows) * step),
+        "time_wall_over_median": wall / (len(rows) * step),
         "blocks_per_s": tokens / step * per_1k / 1000,
         "blocks_per_s_wall": total_blocks / wall,
         "blocks_per_1k_tokens": per_1k,
