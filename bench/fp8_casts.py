@@ -13,11 +13,13 @@ tensorwise recipe), and three other scalings: tensorwise with the weight-gradien
 scale per row: an amax that parallelizes over rows) and its `rowwise_with_gw_hp`; each compiled static
 and dynamic (on a length mix the drafter runs its most frequent block class's static graph and a dynamic
 one for the others: train/hotpath.py), and with `--merged` the projections with q/k/v and gate/up merged
-into one layer each. TFLOP/s count the linear layers' FLOPs only. CUDA with compute capability 8.9 or
-later; one JSON line per variant.
+into one layer each. `--inductor` runs every variant once under each of several sets of
+`torch._inductor.config` settings (JSON objects, dotted names), to try settings that change how inductor
+fuses the casts: `'{}' '{"triton.tile_reductions": true}'`. TFLOP/s count the linear layers' FLOPs
+only. CUDA with compute capability 8.9 or later; one JSON line per variant.
 
     PYTHONPATH=src python3 bench/fp8_casts.py [--layer projections|draft] [--rows 17792] [--context 6144]
-        [--top 12] [--scalings ...] [--merged]
+        [--top 12] [--scalings ...] [--merged] [--inductor JSON ...]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 from torch import nn
 from transformers import Qwen3Config
@@ -125,9 +128,24 @@ def fp8_config(scaling: str) -> object:
                               cast_config_grad_output_for_grad_weight=CastConfig(scaling_type=ScalingType.DISABLED))
 
 
+def inductor_settings(text: str) -> dict[str, object]:
+    """One `--inductor` argument: a JSON object of `torch._inductor.config` names (dotted for nested ones)
+    and values. Raises ValueError naming what is wrong, before anything compiles."""
+    settings = json.loads(text)
+    if not isinstance(settings, dict):
+        raise ValueError(f"not a JSON object: {text}")
+    known = inductor_config.get_config_copy()
+    unknown = [name for name in settings if name not in known]
+    if unknown:
+        raise ValueError(f"torch._inductor.config has no setting {unknown[0]!r}")
+    return settings
+
+
 def measure(kind: str, scaling: str | None, merged: bool, dynamic: bool, rows: int, context: int, top: int) -> dict:
-    """`kind`: projections or draft; `scaling`: an FP8 scaling (`fp8_config`), or None for bf16."""
+    """`kind`: projections or draft; `scaling`: an FP8 scaling (`fp8_config`), or None for bf16. Compiles
+    afresh, under the inductor settings in force."""
     torch.manual_seed(0)
+    torch._dynamo.reset()
     if kind == "draft":
         layer, shapes = DraftLayerPass(), [(1, rows, HIDDEN), (1, context, HIDDEN)]
     else:
@@ -161,14 +179,22 @@ def main() -> None:
     p.add_argument("--scalings", nargs="+", default=list(SCALINGS), choices=SCALINGS,
                    help="bf16, or an FP8 scaling (fp8_config); each compiled static and dynamic")
     p.add_argument("--merged", action="store_true", help="also each scaling with q/k/v and gate/up merged")
+    p.add_argument("--inductor", nargs="+", default=["{}"], metavar="JSON",
+                   help="sets of torch._inductor.config settings; every variant runs under each")
     args = p.parse_args()
+    try:
+        setting_sets = [inductor_settings(text) for text in args.inductor]
+    except ValueError as e:
+        p.error(f"--inductor: {e}")
     scalings = [None if name == "bf16" else name for name in args.scalings]
     variants = [(scaling, False, dynamic) for scaling in scalings for dynamic in (False, True)]
     if args.merged and args.layer == "projections":
         variants += [(scaling, True, False) for scaling in scalings]
-    for scaling, merged, dynamic in variants:
-        result = measure(args.layer, scaling, merged, dynamic, args.rows, args.context, args.top)
-        print(json.dumps(result), flush=True)
+    for settings in setting_sets:
+        with inductor_config.patch(settings):
+            for scaling, merged, dynamic in variants:
+                result = measure(args.layer, scaling, merged, dynamic, args.rows, args.context, args.top)
+                print(json.dumps({**result, "inductor": settings}), flush=True)
 
 
 if __name__ == "__main__":

@@ -68,3 +68,15 @@ def test_the_draft_layer_variant_runs_the_drafters_layer_with_its_context_and_co
     assert not torch.equal(layer(x, ctx + 1), out)  # the queries attend to the context's K/V
     # q, o: 32 x 32; k, v: 16 x 32 on 5 query + 7 context rows; gate, up, down: 48 x 32
     assert fp8_casts.linear_flops(layer, rows=5, context=7) == 6 * (5 * (2 * 1024 + 3 * 1536) + 12 * 2 * 512)
+
+
+def test_inductor_settings_are_checked_before_anything_compiles():
+    assert fp8_casts.inductor_settings('{"triton.tile_reductions": true, "max_autotune": false}') == {
+        "triton.tile_reductions": True, "max_autotune": False}
+    assert fp8_casts.inductor_settings("{}") == {}
+    with pytest.raises(ValueError, match="no setting 'triton.no_such_setting'"):
+        fp8_casts.inductor_settings('{"triton.no_such_setting": 1}')
+    with pytest.raises(ValueError, match="not a JSON object"):
+        fp8_casts.inductor_settings("[1]")
+    with pytest.raises(ValueError):
+        fp8_casts.inductor_settings("{tile: 1}")
