@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from blockdraft import device as device_module
 from blockdraft.bench import measure, shapes
 from blockdraft.bench.measure import build_models
 from blockdraft.bench.shapes import target_config, target_tokenizer
@@ -98,16 +99,15 @@ def test_measured_updates_wait_only_where_training_waits(monkeypatch, capsys):
 def test_a_target_too_big_for_the_free_memory_is_refused_before_it_is_built(monkeypatch):
     """A Qwen3-8B shape in fp32 (8.19e9 weights) on a machine with 20 GB free: one line naming both
     figures, and no memory taken (the weights are counted on the meta device)."""
-    assert measure.free_memory_bytes(torch.device("cpu")) > 0  # Linux's MemAvailable
-    monkeypatch.setattr(measure, "free_memory_bytes", lambda device: 20 * 10**9)
-    with pytest.raises(UserError, match=r"^the target's weights take 32\.8 GB in float32 and this machine has 20\.0 GB "
+    monkeypatch.setattr(device_module, "free_memory_bytes", lambda device: 20 * 10**9)
+    with pytest.raises(UserError, match=r"^the target's weights in float32 take 32\.8 GB and this machine has 20\.0 GB "
                                         r"free: choose a smaller --target-shape"):
         build_models(CFG, target_config("qwen3-8b", None), torch.device("cpu"))
     build_models(CFG, target_config("tiny", None), torch.device("cpu"))  # 1.4 MB fits
 
 
 def test_the_bench_refuses_a_target_that_does_not_fit_in_one_line_and_exit_2(monkeypatch, capsys):
-    monkeypatch.setattr(measure, "free_memory_bytes", lambda device: 1000)
+    monkeypatch.setattr(device_module, "free_memory_bytes", lambda device: 1000)
     assert main(["bench", "--target-shape", "tiny", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "the target's weights take" in err and "\n" not in err
+    assert "the target's weights in float32 take" in err and "\n" not in err

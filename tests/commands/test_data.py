@@ -128,6 +128,19 @@ def tiny_target(tmp_path_factory, qwen_tok):
     return path
 
 
+def test_regenerate_refuses_a_target_larger_than_the_free_memory_in_one_line(tmp_path, tiny_target, capsys,
+                                                                              monkeypatch):
+    from blockdraft import device
+
+    monkeypatch.setattr(device, "free_memory_bytes", lambda where: 1000)
+    src = write_jsonl(tmp_path / "in.jsonl", [chat("hello", "old answer")])
+    assert cli.main(["regenerate", "--target", str(tiny_target), "--in", str(src), "--out", str(tmp_path / "out"),
+                     "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{tiny_target.name}'s weights in float32 take" in err and "\n" not in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("shard-*.jsonl"))
+
+
 def test_regenerate_writes_shards_and_resumes(tmp_path, tiny_target, capsys, monkeypatch):
     records = [
         chat("hello world", "old answer", "the capital?", "old again"),

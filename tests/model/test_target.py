@@ -1,6 +1,6 @@
 """The target's explicit decoding mask: HF takes a 4D mask as is, so `Target.layer_masks` must hide
 what the model's own mask hides, sliding windows included, or decoding past a window is no longer the
-target's."""
+target's. And a target too large for the memory is refused before it loads."""
 
 import pytest
 import torch
@@ -36,3 +36,21 @@ def test_the_explicit_mask_hides_what_the_models_own_mask_hides(name):
         unwindowed = model(ids, attention_mask=causal).logits
     assert not torch.allclose(own, unwindowed, atol=1e-4)  # the window matters at this length
     torch.testing.assert_close(explicit, own, atol=1e-5, rtol=1e-5)
+
+
+def test_a_target_larger_than_the_free_memory_is_refused_in_one_line_before_loading(tiny_target, monkeypatch):
+    """The kernel kills a process that runs the host out of memory with no message; the weights are
+    counted from the config first and compared with what the device they are for has free."""
+    from blockdraft import device as device_module
+    from blockdraft.errors import UserError
+    from blockdraft.model.target import load_target, weight_bytes
+
+    config = transformers.AutoConfig.from_pretrained(tiny_target)
+    need = weight_bytes(config, torch.float32)
+    assert need == 4 * sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(config).parameters())
+    monkeypatch.setattr(device_module, "free_memory_bytes", lambda device: need - 1)
+    with pytest.raises(UserError, match=rf"^{tiny_target.name}'s weights in float32 take 0\.0 GB and this machine has "
+                                        r"0\.0 GB free"):
+        load_target(tiny_target, [1], torch.device("cpu"))
+    monkeypatch.setattr(device_module, "free_memory_bytes", lambda device: need)
+    assert load_target(tiny_target, [1], torch.device("cpu"))[0] is not None

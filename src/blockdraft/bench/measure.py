@@ -19,7 +19,6 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,7 @@ from blockdraft.bench.datasets import UserData, bench_dataset
 from blockdraft.config import Config
 from blockdraft.data.cache import Samples
 from blockdraft.data.cost import anchor_candidates, can_anchor, dataset_blocks, dataset_costs
-from blockdraft.errors import UserError
+from blockdraft.device import require_room
 from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense bf16, no sparsity
@@ -75,52 +74,21 @@ def matmul_tflops(device: torch.device, n: int = 8192, reps: int = 20) -> float 
     return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
 
 
-def free_memory_bytes(device: torch.device) -> int | None:
-    """What new tensors can take on the device: the GPU's free memory, or the host's available memory
-    (Linux's MemAvailable); None where it cannot be read."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        meminfo = Path("/proc/meminfo").read_text()
-    except OSError:
-        return None
-    kib = next((line.split()[1] for line in meminfo.splitlines() if line.startswith("MemAvailable:")), None)
-    return int(kib) * 1024 if kib is not None else None
-
-
-def require_room_for_target(hf_cfg, dtype: torch.dtype, device: torch.device) -> None:
-    """Refuse, in one line and before building it, a target whose weights alone exceed the device's free
-    memory: a Qwen3-8B shape in fp32 on a 24 GB CPU box is otherwise killed by the kernel with no message.
-    The weights are counted on the meta device (no memory, a fraction of a second)."""
-    from transformers import AutoModelForCausalLM
-
-    free = free_memory_bytes(device)
-    if free is None:
-        return
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype)
-    need = sum(p.numel() * p.element_size() for p in model.parameters())
-    if need > free:
-        where = "GPU" if device.type == "cuda" else "machine"
-        raise UserError(f"the target's weights take {need / 1e9:.1f} GB in {str(dtype).removeprefix('torch.')} "
-                        f"and this {where} has {free / 1e9:.1f} GB free: choose a smaller --target-shape "
-                        "(tiny fits anywhere) or a GPU with more memory")
-
-
 def build_models(cfg: Config, hf_cfg, device: torch.device, tokenizer: Any | None = None):
     """Random-weight target and a drafter per the config, their dtype and mask token chosen as training
     chooses them (`tokenizer`: the target folder's, if any); returns (target, drafter)."""
     from transformers import AutoModelForCausalLM
 
     from blockdraft.model.drafter import DFlashDrafter, drafter_config
-    from blockdraft.model.target import Target, resolve_mask_token, target_dtype
+    from blockdraft.model.target import Target, resolve_mask_token, target_dtype, weight_bytes
 
     d = cfg.drafter
     layer_ids = d.tap_layers(hf_cfg.num_hidden_layers)
     mask_id, _ = resolve_mask_token(tokenizer, hf_cfg.vocab_size, bool(getattr(hf_cfg, "tie_word_embeddings", False)),
                                     d.mask_token_id)
     dtype = target_dtype(cfg.target.dtype, device)
-    require_room_for_target(hf_cfg, dtype, device)
+    require_room(weight_bytes(hf_cfg, dtype), device, f"the target's weights in {str(dtype).removeprefix('torch.')}",
+                 "choose a smaller --target-shape (tiny fits anywhere) or a GPU with more memory")
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype, attn_implementation="sdpa")
     model.requires_grad_(False).eval()

@@ -4,6 +4,7 @@ returns (answer text, finished, answer tokens) per prompt."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from blockdraft.errors import UserError, first_line
@@ -22,15 +23,16 @@ class HFEngine:
 
     def __init__(self, target: str, tokenizer: Any, device: str, cache: str, chunk_tokens: int):
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         from blockdraft.device import pick_device
-        from blockdraft.model.target import target_dtype
+        from blockdraft.model.target import require_room_for_weights, target_dtype
 
         self.torch = torch
         picked = pick_device(device)
         device, dtype = picked.type, target_dtype("auto", picked)
         try:
+            require_room_for_weights(AutoConfig.from_pretrained(target), dtype, picked, Path(target).name)
             self.model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).to(device).eval()
         except (OSError, ValueError) as exc:
             raise UserError(f"cannot load the target model from {target}: {first_line(exc)}") from None

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from blockdraft.device import require_room
 from blockdraft.errors import UserError, first_line
 from blockdraft.model.locate import locate_model
 from blockdraft.model.tokenizer import load_tokenizer
@@ -252,6 +253,30 @@ def open_target(path: str | Path) -> TargetFolder:
     return TargetFolder(path, hf_config, load_tokenizer(str(path)))
 
 
+def weight_bytes(hf_config: Any, dtype: torch.dtype) -> int | None:
+    """The bytes of a causal LM's weights for this config in this dtype, counted on the meta device (no
+    memory, a fraction of a second for an 8B config); None where transformers cannot build it from the
+    config alone (loading then says why)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    except (ValueError, KeyError, TypeError, ImportError):
+        return None
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def require_room_for_weights(hf_config: Any, dtype: torch.dtype, device: torch.device, name: str) -> None:
+    """Refuse in one line a model whose weights exceed the free memory of the device they are for. The
+    host's memory is not checked for a GPU: `from_pretrained` reads safetensors through the page cache,
+    so a host with less free memory than the weights may still load them."""
+    need = weight_bytes(hf_config, dtype)
+    if need is not None:
+        require_room(need, device, f"{name}'s weights in {str(dtype).removeprefix('torch.')}",
+                     "free memory, or use a machine with more")
+
+
 def load_target(folder: str | Path | TargetFolder, layer_ids: list[int], device: torch.device,
                 dtype: str = "auto") -> tuple[Target, Any, Any]:
     """The frozen target tapped at layer_ids, from a folder (`open_target`'s, or a path to open);
@@ -260,10 +285,10 @@ def load_target(folder: str | Path | TargetFolder, layer_ids: list[int], device:
 
     if not isinstance(folder, TargetFolder):
         folder = open_target(folder)
+    weights_dtype = target_dtype(dtype, device)
+    require_room_for_weights(folder.config, weights_dtype, device, folder.path.name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(folder.path), dtype=target_dtype(dtype, device), attn_implementation="sdpa"
-        )
+        model = AutoModelForCausalLM.from_pretrained(str(folder.path), dtype=weights_dtype, attn_implementation="sdpa")
     except (OSError, ValueError) as exc:
         raise UserError(f"{folder.path}: cannot load as a causal LM: {first_line(exc)}") from None
     model.requires_grad_(False).eval().to(device)
