@@ -43,7 +43,8 @@ def free_memory_bytes(device: torch.device) -> int | None:
 
 def require_room(need: int, device: torch.device, what: str, remedy: str) -> None:
     """Refuse in one line, before loading, `need` bytes (`what`: what takes them) that exceed the device's
-    free memory: the kernel kills a process that runs the host out of memory with no message at all."""
+    free memory: a process that runs the host out of memory is killed with no message at all, and one that
+    runs the GPU out of it ends in a traceback."""
     free = free_memory_bytes(device)
     if free is not None and need > free:
         where = "GPU" if device.type == "cuda" else "machine"

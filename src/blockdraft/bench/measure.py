@@ -29,7 +29,6 @@ from blockdraft.bench.datasets import UserData, bench_dataset
 from blockdraft.config import Config
 from blockdraft.data.cache import Samples
 from blockdraft.data.cost import anchor_candidates, can_anchor, dataset_blocks, dataset_costs
-from blockdraft.device import require_room
 from blockdraft.model.flops import Dims, DraftWork, drafter_flops, target_flops
 
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense bf16, no sparsity
@@ -80,15 +79,15 @@ def build_models(cfg: Config, hf_cfg, device: torch.device, tokenizer: Any | Non
     from transformers import AutoModelForCausalLM
 
     from blockdraft.model.drafter import DFlashDrafter, drafter_config
-    from blockdraft.model.target import Target, resolve_mask_token, target_dtype, weight_bytes
+    from blockdraft.model.target import Target, require_room_for_weights, resolve_mask_token, target_dtype
 
     d = cfg.drafter
     layer_ids = d.tap_layers(hf_cfg.num_hidden_layers)
     mask_id, _ = resolve_mask_token(tokenizer, hf_cfg.vocab_size, bool(getattr(hf_cfg, "tie_word_embeddings", False)),
                                     d.mask_token_id)
     dtype = target_dtype(cfg.target.dtype, device)
-    require_room(weight_bytes(hf_cfg, dtype), device, f"the target's weights in {str(dtype).removeprefix('torch.')}",
-                 "choose a smaller --target-shape (tiny fits anywhere) or a GPU with more memory")
+    require_room_for_weights(hf_cfg, dtype, device, "the target",
+                             "choose a smaller --target-shape (tiny fits anywhere) or a GPU with more memory")
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype, attn_implementation="sdpa")
     model.requires_grad_(False).eval()

@@ -267,14 +267,14 @@ def weight_bytes(hf_config: Any, dtype: torch.dtype) -> int | None:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def require_room_for_weights(hf_config: Any, dtype: torch.dtype, device: torch.device, name: str) -> None:
-    """Refuse in one line a model whose weights exceed the free memory of the device they are for. The
-    host's memory is not checked for a GPU: `from_pretrained` reads safetensors through the page cache,
+def require_room_for_weights(hf_config: Any, dtype: torch.dtype, device: torch.device, name: str,
+                             remedy: str = "free memory, or use a machine with more") -> None:
+    """Refuse in one line a model (`name`) whose weights exceed the free memory of the device they are for.
+    The host's memory is not checked for a GPU: `from_pretrained` reads safetensors files memory-mapped,
     so a host with less free memory than the weights may still load them."""
     need = weight_bytes(hf_config, dtype)
     if need is not None:
-        require_room(need, device, f"{name}'s weights in {str(dtype).removeprefix('torch.')}",
-                     "free memory, or use a machine with more")
+        require_room(need, device, f"{name}'s weights in {str(dtype).removeprefix('torch.')}", remedy)
 
 
 def load_target(folder: str | Path | TargetFolder, layer_ids: list[int], device: torch.device,
